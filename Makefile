@@ -1,0 +1,26 @@
+# Two commands do all setup: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/icrl-interp demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) icrl-report .pytest_cache

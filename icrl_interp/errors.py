@@ -1,0 +1,15 @@
+"""The one exception type for mistakes a user can fix.
+
+The CLI prints a `UserError` as a single line and exits non-zero; anything else
+is a bug and keeps its traceback.
+"""
+
+
+class UserError(ValueError):
+    """Bad input: wrong shapes, non-finite values, foreign or corrupt files, bad specs."""
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise `UserError(message)` unless `condition` holds."""
+    if not condition:
+        raise UserError(message)

@@ -1,0 +1,47 @@
+"""Small input checks shared by environments, builders and reference algorithms."""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import UserError
+
+
+def finite(name: str, array) -> np.ndarray:
+    """Return `array` as an ndarray, refusing NaN or Inf with a message naming it."""
+    array = np.asarray(array)
+    if array.dtype.kind in "fc" and not np.all(np.isfinite(array)):
+        raise UserError(f"{name} contains NaN or Inf")
+    return array
+
+
+def shape(name: str, array, expected: tuple) -> np.ndarray:
+    """Check `array.shape` against `expected` (None matches any size)."""
+    array = np.asarray(array)
+    ok = array.ndim == len(expected) and all(e is None or e == s for e, s in zip(expected, array.shape))
+    if not ok:
+        want = "(" + ", ".join("*" if e is None else str(e) for e in expected) + ")"
+        raise UserError(f"{name} has shape {tuple(array.shape)}, expected {want}")
+    return array
+
+
+def discount(gamma: float) -> float:
+    """A discount factor must lie in [0, 1)."""
+    gamma = float(gamma)
+    if not (0.0 <= gamma < 1.0):
+        raise UserError(f"gamma must lie in [0, 1), got {gamma}")
+    return gamma
+
+
+def stochastic(name: str, matrix, atol: float = 1e-8) -> np.ndarray:
+    """Rows (last axis) must be non-negative and sum to 1."""
+    matrix = finite(name, matrix)
+    if np.any(matrix < -atol) or not np.allclose(matrix.sum(-1), 1.0, atol=atol):
+        raise UserError(f"{name} is not row-stochastic (rows must be non-negative and sum to 1)")
+    return matrix
+
+
+def rng(seed_or_rng) -> np.random.Generator:
+    """A numpy Generator from a seed, or the Generator itself (never global state)."""
+    if isinstance(seed_or_rng, np.random.Generator):
+        return seed_or_rng
+    return np.random.default_rng(seed_or_rng)

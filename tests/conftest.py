@@ -1,0 +1,28 @@
+"""Shared fixtures. Runtime shape checking (jaxtyping + beartype) is switched on for
+the package by the `--jaxtyping-packages` option in pyproject.toml."""
+import os
+import random
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+@pytest.fixture(autouse=True)
+def seed_everything():
+    """Global RNGs seeded per test, so a test that forgets its own Generator is still repeatable."""
+    random.seed(0)
+    np.random.seed(0)
+    try:
+        import torch
+
+        torch.manual_seed(0)
+    except ImportError:  # pragma: no cover
+        pass
+    yield
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
