@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from jaxtyping import Float, Int
@@ -36,6 +37,11 @@ class PromptLayout:
     """Output = readout_sign * z[..., -1, readout_block] (Wang's readout is negated)."""
 
     def __post_init__(self):
+        dup = sorted({n for n in self.names if self.names.count(n) > 1})
+        if dup:
+            raise UserError(f"layout has duplicate block names: {', '.join(map(repr, dup))}")
+        if self.readout_sign not in (1, -1):
+            raise UserError(f"layout readout_sign must be +1 or -1, got {self.readout_sign}")
         stop = 0
         for name, a, b in self.blocks:
             if a != stop or b <= a:
@@ -63,7 +69,7 @@ class PromptLayout:
         s = self.slice(name)
         return s.stop - s.start
 
-    def readout(self, z: Float[Array, "*batch pos d_model"]):
+    def readout(self, z: Float[Any, "*batch pos d_model"]):
         """The model output read from the last position (works for numpy and torch)."""
         return self.readout_sign * z[..., -1, self.slice(self.readout_block)]
 
@@ -81,14 +87,17 @@ class PromptLayout:
     @classmethod
     def from_dict(cls, data: dict) -> "PromptLayout":
         try:
-            blocks = tuple((str(k), int(v[0]), int(v[1])) for k, v in data["blocks"].items())
+            # sorted by start: JSON writers may reorder keys
+            blocks = tuple(sorted(((str(k), int(v[0]), int(v[1])) for k, v in data["blocks"].items()), key=lambda b: b[1]))
             return cls(
                 family=str(data["family"]),
                 blocks=blocks,
                 readout_block=str(data["readout_block"]),
                 readout_sign=int(data.get("readout_sign", 1)),
             )
-        except (KeyError, TypeError, IndexError, AttributeError) as e:
+        except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
+            if isinstance(e, UserError):
+                raise
             raise UserError(f"malformed prompt layout: {e!r}") from None
 
 
@@ -120,7 +129,7 @@ def sarsa_layout(d: int) -> PromptLayout:
 def actor_critic_layout(d: int, m: int) -> PromptLayout:
     """Liang & Lai actor-critic: transition block adds the discounted score (m rows),
     parameter block adds the policy parameters lambda (m rows); D = 3d + 2m + 2.
-    The readout block `params` is [w; lambda] (both outputs)."""
+    The readout block is the critic `w`; the actor's output is the `lam` block of the last position."""
     return _layout(
         "actor-critic",
         [("phi", d), ("gamma_phi_next", d), ("reward", 1), ("score", m), ("param_one", 1), ("w", d), ("lam", m)],
@@ -199,9 +208,8 @@ def td_prompt(
     z[:, n, layout.slice("phi")] = V.finite("phi_query", phi_query)
     r = np.zeros((B, n + 1))
     r[:, :n] = rewards
-    if states is None:
-        states = np.full((B, n + 1), -1, dtype=np.int64)
-    return Prompt(z=z, layout=layout, states=np.asarray(states, dtype=np.int64), rewards=r)
+    states = _column_labels("states", states, (B, n + 1))
+    return Prompt(z=z, layout=layout, states=states, rewards=r)
 
 
 def td_prompt_from_mrp(mrp, traj, query_states: Int[Array, " batch"]) -> Prompt:
@@ -231,9 +239,8 @@ def softmax_prompt(
     z[:, :-1, layout.slice("reward")] = V.finite("rewards", rewards)[..., None]
     r = np.zeros((B, pos))
     r[:, :-1] = rewards
-    if states is None:
-        states = np.full((B, pos), -1, dtype=np.int64)
-    return Prompt(z=z, layout=layout, states=np.asarray(states, dtype=np.int64), rewards=r)
+    states = _column_labels("states", states, (B, pos))
+    return Prompt(z=z, layout=layout, states=states, rewards=r)
 
 
 def softmax_prompt_from_mrp(mrp, traj) -> Prompt:
@@ -276,12 +283,15 @@ def _labelled(z, layout, rewards, states, actions) -> Prompt:
     B, pos = z.shape[:2]
     r = np.zeros((B, pos))
     r[:, :-1] = rewards
-    if states is None:
-        states = np.full((B, pos), -1, dtype=np.int64)
-    if actions is None:
-        actions = np.full((B, pos), -1, dtype=np.int64)
-    return Prompt(z=z, layout=layout, states=np.asarray(states, dtype=np.int64), rewards=r,
-                  actions=np.asarray(actions, dtype=np.int64))
+    return Prompt(z=z, layout=layout, states=_column_labels("states", states, (B, pos)), rewards=r,
+                  actions=_column_labels("actions", actions, (B, pos)))
+
+
+def _column_labels(name: str, labels, expected: tuple[int, int]) -> np.ndarray:
+    """Per-column integer labels of the given shape; -1 everywhere when not given."""
+    if labels is None:
+        return np.full(expected, -1, dtype=np.int64)
+    return V.shape(name, np.asarray(labels), expected).astype(np.int64)
 
 
 def _mdp_columns(mdp, traj) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -1,0 +1,206 @@
+"""Declarative probe specs (TOML): which hooks and parameters a recording keeps.
+
+A spec looks like
+
+    [probe]
+    name = "linear-td"
+    description = "..."
+
+    [[hooks]]
+    pattern = "blocks.*.attn.hook_pattern"   # exact name or glob
+    dtype = "float32"                        # stored dtype; default: the activation's own
+    compression = "none"                     # none | lzf | gzip
+    positions = "0:-1"                       # optional slice of the position axis
+
+    [params]
+    names = ["blocks.*.attn.P", "blocks.*.attn.Q"]
+
+Validation happens in two steps: `load_spec` checks the file itself (unknown keys,
+bad values), `ProbeSpec.resolve` checks it against a model's hook and parameter
+names (unknown names, patterns that match nothing). Errors name the spec line.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import UserError
+
+SPEC_DIR = Path(__file__).resolve().parent.parent / "probes"
+"""The shipped specs (top-level `probes/` of the repository)."""
+
+SHIPPED = {"linear-td": "linear_td.toml", "softmax-td": "softmax_td.toml", "sarsa": "sarsa.toml",
+           "actor-critic": "actor_critic.toml", "generic": "transformer_lens.toml"}
+
+STORE_DTYPES = ("float16", "bfloat16", "float32", "float64")
+COMPRESSIONS = ("none", "lzf", "gzip")
+_HOOK_KEYS = {"pattern", "dtype", "compression", "positions", "pos_axis"}
+_TOP_KEYS = {"probe", "hooks", "params"}
+
+
+@dataclass(frozen=True)
+class HookRule:
+    """One `[[hooks]]` entry."""
+
+    pattern: str
+    """Exact hook name or glob pattern (fnmatch) over hook names."""
+    dtype: str | None = None
+    """Stored dtype (float16, bfloat16, float32, float64); None keeps the activation's dtype."""
+    compression: str = "none"
+    """HDF5 filter. Dense float activations barely compress and filters cost 5-40x in write speed."""
+    positions: str | None = None
+    """Python-style slice 'start:stop[:step]' of the position axis; None keeps all positions."""
+    pos_axis: int | None = None
+    """Axis (counting the batch axis) that `positions` slices; default 2 for attention
+    scores/patterns ([batch, head, query, key]: the query axis), else 1."""
+    line: int = 0
+    """Line of the spec file the rule starts on (for error messages)."""
+
+    def position_slice(self) -> slice | None:
+        if self.positions is None:
+            return None
+        parts = self.positions.split(":")
+        try:
+            if len(parts) not in (2, 3):
+                raise ValueError
+            return slice(*(int(p) if p.strip() else None for p in parts))
+        except ValueError:
+            raise UserError(f"line {self.line}: positions {self.positions!r} is not a slice like '0:-1'") from None
+
+    def axis_for(self, hook_name: str) -> int:
+        if self.pos_axis is not None:
+            return self.pos_axis
+        return 2 if hook_name.endswith(("hook_pattern", "hook_attn_scores")) else 1
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """A parsed probe spec."""
+
+    name: str
+    """Short name of the spec."""
+    hooks: tuple[HookRule, ...]
+    """Hook rules, in file order."""
+    params: tuple[str, ...] = ()
+    """Parameter names or glob patterns to snapshot."""
+    description: str = ""
+    """Free text."""
+    source: str = "<string>"
+    """Where the spec came from (path), for messages."""
+    param_lines: tuple[int, ...] = field(default=())
+    """Spec line of each params entry."""
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d.pop("param_lines")
+        for h in d["hooks"]:
+            h.pop("line")
+        return json.dumps(d, sort_keys=True)
+
+    def resolve(self, hook_names, param_names=()) -> tuple[dict[str, HookRule], list[str]]:
+        """Match the rules against a model's names: {hook name: rule}, [param names].
+
+        Each hook takes the first rule that matches it. A rule or params entry that
+        matches nothing is an error naming its line.
+        """
+        hook_names = list(hook_names)
+        chosen: dict[str, HookRule] = {}
+        for rule in self.hooks:
+            # 'path#k' records element k of a module's tuple output (see capture.py)
+            pattern, sep, index = rule.pattern.partition("#")
+            hits = [n + sep + index for n in hook_names if fnmatch.fnmatchcase(n, pattern)]
+            if not hits:
+                raise UserError(f"{self.source}:{rule.line}: hook pattern {rule.pattern!r} matches no hook of the model")
+            for n in hits:
+                chosen.setdefault(n, rule)
+        params: list[str] = []
+        param_names = list(param_names)
+        for pattern, line in zip(self.params, self.param_lines or [0] * len(self.params)):
+            hits = [n for n in param_names if fnmatch.fnmatchcase(n, pattern)]
+            if not hits:
+                raise UserError(f"{self.source}:{line}: parameter pattern {pattern!r} matches no parameter of the model")
+            params.extend(h for h in hits if h not in params)
+        ordered = {n: chosen[n] for n in sorted(chosen, key=lambda n: hook_names.index(n.partition("#")[0]))}
+        return ordered, params
+
+
+def _line_of(text: str, needle: str, start: int = 0) -> int:
+    """1-based line of the first occurrence of needle at or after line `start`."""
+    lines = text.splitlines()
+    for i in range(max(start - 1, 0), len(lines)):
+        if needle in lines[i]:
+            return i + 1
+    return 0
+
+
+def parse_spec(text: str, source: str = "<string>") -> ProbeSpec:
+    """Parse and validate the text of a spec."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{source}: not valid TOML: {e}") from None
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise UserError(f"{source}:{_line_of(text, key)}: unknown key {key!r} (allowed: {', '.join(sorted(_TOP_KEYS))})")
+    probe = data.get("probe", {})
+    if not isinstance(probe, dict) or set(probe) - {"name", "description"}:
+        extra = sorted(set(probe) - {"name", "description"}) if isinstance(probe, dict) else ["probe"]
+        raise UserError(f"{source}:{_line_of(text, extra[0])}: unknown key {extra[0]!r} in [probe]")
+    raw_hooks = data.get("hooks", [])
+    if not isinstance(raw_hooks, list) or not raw_hooks:
+        raise UserError(f"{source}: a spec needs at least one [[hooks]] entry")
+    hooks, cursor = [], 0
+    for raw in raw_hooks:
+        line = _line_of(text, "[[hooks]]", cursor + 1)
+        cursor = line
+        for key in raw:
+            if key not in _HOOK_KEYS:
+                raise UserError(f"{source}:{_line_of(text, key, line)}: unknown key {key!r} in [[hooks]] (allowed: {', '.join(sorted(_HOOK_KEYS))})")
+        if "pattern" not in raw or not isinstance(raw["pattern"], str):
+            raise UserError(f"{source}:{line}: [[hooks]] entry needs a string 'pattern'")
+        dtype, comp = raw.get("dtype"), raw.get("compression", "none")
+        if dtype is not None and dtype not in STORE_DTYPES:
+            raise UserError(f"{source}:{_line_of(text, 'dtype', line)}: dtype {dtype!r} not one of {', '.join(STORE_DTYPES)}")
+        if comp not in COMPRESSIONS:
+            raise UserError(f"{source}:{_line_of(text, 'compression', line)}: compression {comp!r} not one of {', '.join(COMPRESSIONS)}")
+        rule = HookRule(raw["pattern"], dtype, comp, raw.get("positions"), raw.get("pos_axis"), line)
+        try:
+            rule.position_slice()
+        except UserError:
+            raise UserError(f"{source}:{_line_of(text, 'positions', line)}: positions {rule.positions!r} is not a slice like '0:-1'") from None
+        hooks.append(rule)
+    params = data.get("params", {})
+    if not isinstance(params, dict) or set(params) - {"names"}:
+        raise UserError(f"{source}:{_line_of(text, '[params]')}: [params] takes only 'names'")
+    names = params.get("names", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UserError(f"{source}:{_line_of(text, 'names')}: params.names must be a list of strings")
+    lines = tuple(_line_of(text, f'"{n}"') for n in names)
+    return ProbeSpec(
+        name=str(probe.get("name", Path(source).stem)),
+        hooks=tuple(hooks),
+        params=tuple(names),
+        description=str(probe.get("description", "")),
+        source=source,
+        param_lines=lines,
+    )
+
+
+def load_spec(path) -> ProbeSpec:
+    """Read a spec file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"cannot read probe spec {path}: {e.strerror}") from None
+    return parse_spec(text, str(path))
+
+
+def shipped_spec(family: str) -> ProbeSpec:
+    """The spec shipped in `probes/` for a model family."""
+    if family not in SHIPPED:
+        raise UserError(f"no shipped probe spec for family {family!r} (have: {', '.join(SHIPPED)})")
+    return load_spec(SPEC_DIR / SHIPPED[family])

@@ -1,0 +1,60 @@
+import pytest
+
+from icrl_interp.errors import UserError
+from icrl_interp.probe_spec import SHIPPED, load_spec, parse_spec, shipped_spec
+
+NAMES = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern", "blocks.0.hook_resid_post"]
+
+
+def test_shipped_specs_parse():
+    for family in SHIPPED:
+        spec = shipped_spec(family)
+        assert spec.hooks and spec.name
+
+
+def test_glob_resolution_keeps_model_order_and_first_rule():
+    spec = parse_spec('[[hooks]]\npattern = "blocks.*.attn.hook_pattern"\ndtype = "float16"\n'
+                      '[[hooks]]\npattern = "blocks.0.*"\n')
+    chosen, _ = spec.resolve(NAMES)
+    assert list(chosen) == NAMES
+    assert chosen["blocks.0.attn.hook_pattern"].dtype == "float16"  # first matching rule wins
+    assert chosen["blocks.0.hook_resid_post"].dtype is None
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('[[hooks]]\npattern = "x"\ncolour = "red"\n', ":3: unknown key 'colour'"),
+    ('[probe]\nname = "a"\n\n[[hooks]]\npattern = "x"\ndtype = "int8"\n', ":6: dtype 'int8'"),
+    ('[[hooks]]\npattern = "x"\ncompression = "zstd"\n', ":3: compression 'zstd'"),
+    ('[[hooks]]\npattern = "x"\npositions = "a:b"\n', ":3: positions 'a:b'"),
+    ('[[hooks]]\npattern = "x"\n[stuff]\n', "unknown key 'stuff'"),
+    ('[probe]\nname = "a"\n', "at least one [[hooks]]"),
+    ('[[hooks]\n', "not valid TOML"),
+])
+def test_bad_specs_name_the_line(text, fragment):
+    with pytest.raises(UserError, match=None) as e:
+        parse_spec(text, "spec.toml")
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_unmatched_patterns_are_errors_with_line():
+    spec = parse_spec('[[hooks]]\npattern = "blocks.*.attn.hook_pattern"\n\n[[hooks]]\npattern = "blocks.*.mlp.hook_post"\n'
+                      '[params]\nnames = ["blocks.0.attn.P"]\n', "s.toml")
+    with pytest.raises(UserError, match=r"s.toml:4: hook pattern 'blocks.\*.mlp.hook_post' matches no hook"):
+        spec.resolve(NAMES)
+    spec = parse_spec('[[hooks]]\npattern = "blocks.0.*"\n[params]\nnames = ["blocks.0.attn.Z"]\n', "s.toml")
+    with pytest.raises(UserError, match=r"s.toml:4: parameter pattern 'blocks.0.attn.Z'"):
+        spec.resolve(NAMES, ["blocks.0.attn.P"])
+
+
+def test_position_slice_and_axis():
+    spec = parse_spec('[[hooks]]\npattern = "*"\npositions = "1:-1"\n')
+    rule = spec.hooks[0]
+    assert rule.position_slice() == slice(1, -1)
+    assert rule.axis_for("blocks.0.attn.hook_pattern") == 2
+    assert rule.axis_for("blocks.0.hook_resid_post") == 1
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(UserError, match="cannot read probe spec"):
+        load_spec(tmp_path / "nope.toml")

@@ -1,0 +1,263 @@
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from icrl_interp import checkpoint, probe_spec, recorder
+from icrl_interp.capture import attached_hook_count, capture
+from icrl_interp.errors import UserError
+from icrl_interp.models import theta_star_model
+from icrl_interp.recording import Recording, partial_path
+
+HERE = Path(__file__).parent
+
+
+def _config(model, n=16):
+    task = {"kind": "mdp", "n": n, "n_states": 3, "n_actions": 2} if model.config.family == "sarsa" else {"kind": "boyan", "n": n, "n_states": 6}
+    return checkpoint.make_config(model.config, {"task": task, "origin": model.origin})
+
+
+def _record(model, path, n_total=40, batch_size=16, spec=None, seed=0, **kw):
+    spec = spec or probe_spec.shipped_spec(model.config.family)
+    src = recorder.PromptSource(config=_config(model), n_total=n_total, seed=seed)
+    return recorder.record(model, path, spec, src, batch_size=batch_size, progress=False, **kw)
+
+
+FLOAT64_SPEC = probe_spec.parse_spec('[[hooks]]\npattern = "blocks.*.hook_resid_post"\ndtype = "float64"\n'
+                                     '[[hooks]]\npattern = "blocks.*.attn.hook_pattern"\n'
+                                     '[params]\nnames = ["blocks.*.attn.*"]\n')
+
+
+def test_linear_td_recording_matches_reference(tmp_path):
+    model = theta_star_model("linear-td", d=3, n_layers=4, alpha=0.7)
+    s = _record(model, tmp_path / "lin.h5", spec=FLOAT64_SPEC, n_total=40)
+    assert s.n_prompts == 40 and attached_hook_count(model) == 0
+    with Recording(tmp_path / "lin.h5") as r:
+        assert r.attr("complete") is True or r.attr("complete") == 1
+        assert r.family == "linear-td" and r.n_prompts == 40
+        lay = r.layout
+        ref = r.array("/reference/td_errors")  # [N, L+1, n]
+        for layer in range(4):
+            resid = r.read(f"blocks.{layer}.hook_resid_post")
+            # the reward row of context column i after layer l is delta_i(w_{l+1})
+            np.testing.assert_allclose(resid[:, :-1, lay.slice("reward")][..., 0], ref[:, layer + 1], atol=1e-10)
+        params, star = r.group("params"), r.group("theta_star")
+        assert set(params) == set(star) == {"blocks.0.attn.P", "blocks.0.attn.Q"}
+        for k in params:
+            np.testing.assert_array_equal(params[k], star[k])
+        assert r.attr("versions")["torch"] == torch.__version__
+        assert r.attr("checkpoint_config")["family"] == "linear-td"
+        assert r.attr("seed") == 0
+        assert r.shape("blocks.0.attn.hook_pattern") == (40, 1, 17, 17)
+
+
+def test_softmax_and_sarsa_record_with_shipped_specs(tmp_path):
+    soft = theta_star_model("softmax-td", d=6, n_layers=3, gamma=0.9)
+    cfg = checkpoint.make_config(soft.config, {"task": {"kind": "boyan", "n": 16, "n_states": 6, "features": "onehot"},
+                                               "origin": soft.origin})
+    recorder.record(soft, tmp_path / "s.h5", FLOAT64_SPEC, recorder.PromptSource(cfg, n_total=20), 8, progress=False)
+    with Recording(tmp_path / "s.h5") as r:
+        values = r.array("/reference/values")  # [N, L+1, pos]
+        resid = r.read("blocks.2.hook_resid_post")
+        np.testing.assert_allclose(resid[:, :, r.layout.slice("current_mem")][..., 0], values[:, 3], atol=1e-10)
+        pattern = r.read("blocks.0.attn.hook_pattern")
+        np.testing.assert_allclose(pattern.sum(-1), 1.0, atol=1e-6)  # sources sum to one per target
+    sarsa = theta_star_model("sarsa", d=6, n_layers=1, gamma=0.5, alpha=0.5)
+    s = _record(sarsa, tmp_path / "q.h5", n_total=20, batch_size=8)
+    assert "blocks.0.attn.hook_attn_scores" in s.hooks
+
+
+def test_recording_is_reproducible(tmp_path):
+    model = theta_star_model("linear-td", d=3, n_layers=2)
+    _record(model, tmp_path / "a.h5", seed=5)
+    _record(model, tmp_path / "b.h5", seed=5)
+    _record(model, tmp_path / "c.h5", seed=6)
+    with h5py.File(tmp_path / "a.h5") as a, h5py.File(tmp_path / "b.h5") as b, h5py.File(tmp_path / "c.h5") as c:
+        for key in ("acts/blocks.1.attn.hook_pattern", "prompts/z", "reference/td_errors", "tasks/P"):
+            np.testing.assert_array_equal(a[key][()], b[key][()])
+        assert not np.array_equal(a["prompts/z"][()], c["prompts/z"][()])
+
+
+class Boom(Exception):
+    pass
+
+
+def test_raising_hook_or_forward_leaves_no_hooks_and_no_final_file(tmp_path):
+    model = theta_star_model("linear-td", d=3, n_layers=2)
+
+    def explode(name, t):
+        raise Boom(name)
+
+    with pytest.raises(Boom):
+        with capture(model, ["blocks.0.hook_resid_post", "blocks.1.attn.hook_v"], explode), torch.no_grad():
+            model(torch.zeros(2, 5, 7, dtype=torch.float64))
+    assert attached_hook_count(model) == 0
+
+    class Exploding(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(7, 7)
+
+        def forward(self, x):
+            self.lin(x)
+            raise Boom("forward")
+
+    bad = Exploding().double()
+    spec = probe_spec.parse_spec('[[hooks]]\npattern = "lin"\n')
+    src = recorder.PromptSource(config={"family": "linear-td", "d": 3, "n_layers": 1, "gamma": 0.9, "task": {"n": 4}}, n_total=8)
+    with pytest.raises(Boom):
+        recorder.record(bad, tmp_path / "x.h5", spec, src, batch_size=4, progress=False)
+    assert attached_hook_count(bad) == 0
+    assert not (tmp_path / "x.h5").exists()
+    assert partial_path(tmp_path / "x.h5").exists()
+
+
+def test_plain_module_and_tuple_outputs(tmp_path):
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(9, 1, batch_first=True).double()
+
+    class Wrapper(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = mha
+
+        def forward(self, x):
+            return self.attn(x, x, x, need_weights=True)[0]
+
+    model = Wrapper()
+    spec = probe_spec.parse_spec('[[hooks]]\npattern = "attn#1"\ndtype = "float64"\n[params]\nnames = ["attn.in_proj_weight"]\n')
+    src = recorder.PromptSource(config={"family": "linear-td", "d": 4, "n_layers": 1, "gamma": 0.9, "task": {"n": 8}}, n_total=10)
+    recorder.record(model, tmp_path / "m.h5", spec, src, batch_size=4, progress=False)
+    with Recording(tmp_path / "m.h5") as r:
+        w = r.read("attn#1")
+        z = torch.from_numpy(r.array("/prompts/z"))
+        np.testing.assert_allclose(w, mha(z, z, z, need_weights=True)[1].detach().numpy(), atol=1e-12)
+        assert r.group("params")["attn.in_proj_weight"].shape == (27, 9)
+    with pytest.raises(UserError, match="no hook point 'nope'"):
+        with capture(model, ["nope"], lambda n, t: None):
+            pass
+
+
+def test_hooked_transformer_from_config_matches_run_with_cache(tmp_path):
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=12, d_head=8, n_heads=2, d_vocab=11, attn_only=True,
+                                  act_fn="relu", seed=0)
+    model = HookedTransformer(cfg)
+    tokens = np.random.default_rng(0).integers(0, 11, size=(10, 12))
+    np.savez(tmp_path / "tokens.npz", input=tokens)
+    source = recorder.load_prompt_file(tmp_path / "tokens.npz", None, None)
+    spec = probe_spec.shipped_spec("generic")
+    s = recorder.record(model, tmp_path / "tl.h5", spec, source, batch_size=4, progress=False)
+    assert attached_hook_count(model) == 0
+    _, cache = model.run_with_cache(torch.from_numpy(tokens), names_filter=list(s.hooks))
+    with Recording(tmp_path / "tl.h5") as r:
+        assert set(r.hooks()) == set(s.hooks)
+        for name in s.hooks:
+            np.testing.assert_allclose(r.read(name), cache[name].float().numpy(), atol=1e-6)
+        assert r.attr("task_data").startswith("absent")
+        assert r.group("params")["blocks.0.attn.W_Q"].shape == (2, 16, 8)
+
+
+def test_bfloat16_is_stored_exactly(tmp_path):
+    model = theta_star_model("linear-td", d=3, n_layers=1)
+    spec = probe_spec.parse_spec('[[hooks]]\npattern = "blocks.0.hook_resid_post"\ndtype = "bfloat16"\n'
+                                 '[[hooks]]\npattern = "blocks.0.hook_resid_pre"\ndtype = "float64"\n')
+    _record(model, tmp_path / "b.h5", spec=spec, n_total=8, batch_size=8)
+    with Recording(tmp_path / "b.h5") as r:
+        got = r.read("blocks.0.hook_resid_post")
+        assert got.dtype == np.float32 and r.f["acts/blocks.0.hook_resid_post"].attrs["dtype"] == "bfloat16"
+        with torch.no_grad():
+            want = model(torch.from_numpy(r.array("/prompts/z")), stop_at_layer=1).to(torch.bfloat16).float().numpy()
+        np.testing.assert_array_equal(got, want)
+
+
+def test_position_slice(tmp_path):
+    model = theta_star_model("linear-td", d=3, n_layers=1)
+    spec = probe_spec.parse_spec('[[hooks]]\npattern = "blocks.0.attn.hook_pattern"\npositions = "-1:"\n'
+                                 '[[hooks]]\npattern = "blocks.0.hook_resid_post"\npositions = "0:3"\n')
+    s = _record(model, tmp_path / "p.h5", spec=spec, n_total=8, batch_size=8)
+    assert s.hooks["blocks.0.attn.hook_pattern"] == (1, 1, 17)
+    assert s.hooks["blocks.0.hook_resid_post"] == (3, 7)
+
+
+def test_user_prompts_npz(tmp_path):
+    model = theta_star_model("linear-td", d=3, n_layers=2)
+    from icrl_interp import sampling
+
+    batch = sampling.sample_batch(_config(model), 12, 0)
+    np.savez(tmp_path / "ok.npz", z=batch.prompt.z, state=batch.prompt.states)
+    src = recorder.load_prompt_file(tmp_path / "ok.npz", _config(model), model.layout)
+    recorder.record(model, tmp_path / "u.h5", FLOAT64_SPEC, src, batch_size=5, progress=False)
+    with Recording(tmp_path / "u.h5") as r:
+        np.testing.assert_allclose(r.array("/reference/td_errors"), batch.reference["td_errors"], atol=1e-12)
+        assert r.attr("task_data").startswith("absent")
+    bad = batch.prompt.z.copy()
+    bad[0, 0, 0] = np.nan
+    np.savez(tmp_path / "nan.npz", z=bad)
+    with pytest.raises(UserError, match="NaN"):
+        recorder.load_prompt_file(tmp_path / "nan.npz", _config(model), model.layout)
+    np.savez(tmp_path / "wide.npz", z=np.zeros((2, 5, 8)))
+    with pytest.raises(UserError, match="d_model 8"):
+        recorder.load_prompt_file(tmp_path / "wide.npz", _config(model), model.layout)
+    np.savez(tmp_path / "labels.npz", z=np.zeros((2, 5, 7)), state=np.zeros((2, 4)))
+    with pytest.raises(UserError, match="state has shape"):
+        recorder.load_prompt_file(tmp_path / "labels.npz", _config(model), model.layout)
+    np.savez(tmp_path / "none.npz", x=np.zeros(3))
+    with pytest.raises(UserError, match="unknown arrays x"):
+        recorder.load_prompt_file(tmp_path / "none.npz", None, None)
+
+
+def test_refuses_to_overwrite_and_to_resume_with_other_settings(tmp_path):
+    model = theta_star_model("linear-td", d=3, n_layers=1)
+    _record(model, tmp_path / "a.h5")
+    with pytest.raises(UserError, match="exists"):
+        _record(model, tmp_path / "a.h5")
+    with pytest.raises(UserError, match="nothing to resume"):
+        _record(model, tmp_path / "b.h5", resume=True)
+
+
+def _run_child(out, n, resume=False):
+    cmd = [sys.executable, str(HERE / "_slow_child.py"), str(out), str(n)] + (["resume"] if resume else [])
+    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)})
+
+
+def _progress(path):
+    try:
+        with h5py.File(path, "r", libver="latest", swmr=True) as f:
+            return int(f["progress"][0])
+    except (OSError, KeyError):
+        return -1
+
+
+@pytest.mark.parametrize("trial", range(2))
+def test_sigkill_then_resume_is_identical(tmp_path, trial):
+    n = 320
+    ref = tmp_path / "ref.h5"
+    assert _run_child(ref, n).wait() == 0
+    out = tmp_path / "k.h5"
+    proc = _run_child(out, n)
+    deadline = time.time() + 120
+    while _progress(partial_path(out)) < 16 * (1 + trial) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(random.Random(trial).uniform(0, 0.2))
+    proc.kill()
+    proc.wait()
+    if not out.exists():  # killed before the end: nothing at the final path, finished work kept
+        assert partial_path(out).exists()
+        done = _progress(partial_path(out))
+        assert done >= 16 and done % 16 == 0
+        assert _run_child(out, n, resume=True).wait() == 0
+    assert not partial_path(out).exists()
+    with h5py.File(ref) as a, h5py.File(out) as b:
+        assert b.attrs["complete"]
+        for key in ("acts/0.soft", "acts/1.q", "prompts/z", "reference/td_errors", "tasks/values"):
+            np.testing.assert_array_equal(a[key][()], b[key][()])
