@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,30 +191,45 @@ def record(
             raise UserError(f"cannot resume: {start_at} prompts done is not a whole number of batches of {batch_size}")
         writer.write_static("params", {n: params[n].detach().cpu().double().numpy() for n in param_names})
         writer.write_static("theta_star", _theta_star_for(config, param_names))
-        buffers = _Buffers(rules, batch_size)
+        # Two buffer sets: the forward pass of batch i+1 fills one while a writer
+        # thread streams batch i from the other (torch releases the GIL while it
+        # computes, so the write hides behind the forward on a second core).
+        buffer_sets = [_Buffers(rules, batch_size), _Buffers(rules, batch_size)]
         dtype = next(iter(params.values())).dtype if params else torch.float32
         bytes_written, t0 = 0, time.perf_counter()
         batches = range(start_at // batch_size, -(-source.n_total // batch_size))
         bar = tqdm(total=source.n_total, initial=start_at, unit="prompt", desc="record", disable=not progress)
-        try:
-            for index in batches:
-                lo, hi = index * batch_size, min((index + 1) * batch_size, source.n_total)
-                data = source.batch(index, lo, hi)
-                x = _model_input(data, dtype)
-                if x.is_floating_point() and not torch.isfinite(x).all():
-                    raise UserError(f"prompts {lo}..{hi - 1} contain NaN or Inf")
-                with torch.no_grad(), capture(model, list(rules), buffers):
-                    model(x)
-                missing = [n for n in rules if buffers.rows.get(n) != hi - lo]
-                if missing:
-                    raise UserError(f"hooks did not fire during the forward pass: {', '.join(missing)}")
-                acts = {f"acts/{n}": buffers.arrays[n][: hi - lo] for n in rules}
-                bytes_written += sum(a.nbytes for a in acts.values())
-                buffers.rows.clear()
-                writer.write_batch({**acts, **data}, {f"acts/{n}": buffers.attrs(n) for n in rules})
-                bar.update(hi - lo)
-        finally:
-            bar.close()
+        pending = None
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            try:
+                for index in batches:
+                    buffers = buffer_sets[index % 2]
+                    lo, hi = index * batch_size, min((index + 1) * batch_size, source.n_total)
+                    data = source.batch(index, lo, hi)
+                    x = _model_input(data, dtype)
+                    if x.is_floating_point() and not torch.isfinite(x).all():
+                        raise UserError(f"prompts {lo}..{hi - 1} contain NaN or Inf")
+                    with torch.no_grad(), capture(model, list(rules), buffers):
+                        model(x)
+                    missing = [n for n in rules if buffers.rows.get(n) != hi - lo]
+                    if missing:
+                        raise UserError(f"hooks did not fire during the forward pass: {', '.join(missing)}")
+                    buffers.rows.clear()
+                    acts = {f"acts/{n}": buffers.arrays[n][: hi - lo] for n in rules}
+                    bytes_written += sum(a.nbytes for a in acts.values())
+                    if pending is not None:
+                        pending.result()  # one write in flight at most; re-raises its error
+                        bar.update(pending_rows)
+                    pending = pool.submit(writer.write_batch, {**acts, **data}, {f"acts/{n}": buffers.attrs(n) for n in rules})
+                    pending_rows = hi - lo
+                if pending is not None:
+                    pending.result()
+                    bar.update(pending_rows)
+            finally:
+                if pending is not None:
+                    wait([pending])  # never close the file under a running write
+                bar.close()
+        buffers = buffer_sets[0]
         seconds = time.perf_counter() - t0
         shapes = {n: buffers.arrays[n].shape[1:] for n in buffers.arrays} if buffers.arrays else {}
         path = writer.finish()

@@ -31,15 +31,23 @@ def partial_path(path) -> Path:
     return path.with_name(path.name + ".partial")
 
 
-def chunk_shape(row_shape: tuple[int, ...], itemsize: int, target: int = 256 * 1024) -> tuple[int, ...]:
-    """Chunk of whole rows aiming at `target` bytes, kept within [10 KiB, 1 MiB].
+def chunk_shape(row_shape: tuple[int, ...], itemsize: int, batch_size: int | None = None) -> tuple[int, ...]:
+    """Chunk of whole rows within [10 KiB, 1 MiB], as large as allowed.
 
-    A single row larger than 1 MiB is split along its largest axes instead.
+    When a batch size is given, the number of rows is a divisor of it, so every
+    full batch is a whole number of chunks and can be written chunk by chunk
+    without HDF5 reading anything back. A single row over 1 MiB is split along
+    its largest axes instead.
     """
     row = list(row_shape)
-    row_bytes = int(np.prod(row, dtype=np.int64)) * itemsize if row else itemsize
+    row_bytes = max(int(np.prod(row, dtype=np.int64)) * itemsize, 1)
     if row_bytes <= CHUNK_MAX:
-        rows = max(1, min(target // max(row_bytes, 1), CHUNK_MAX // max(row_bytes, 1)))
+        most = max(1, CHUNK_MAX // row_bytes)
+        rows = most
+        if batch_size:
+            divisors = [k for k in range(1, min(batch_size, most) + 1) if batch_size % k == 0]
+            aligned = divisors[-1]
+            rows = aligned if aligned * row_bytes >= CHUNK_MIN or aligned == batch_size else most
         return (int(rows), *row)
     while int(np.prod(row, dtype=np.int64)) * itemsize > CHUNK_MAX:
         i = int(np.argmax(row))
@@ -158,7 +166,7 @@ class RecordingWriter:
             kw = {"compression": compression} if compression not in (None, "none") else {}
             ds = self._f.create_dataset(
                 path, shape=(0, *row), maxshape=(None, *row), dtype=arr.dtype,
-                chunks=chunk_shape(row, arr.dtype.itemsize), **kw,
+                chunks=chunk_shape(row, arr.dtype.itemsize, self.meta.get("batch_size")), **kw,
             )
             for k, v in attrs.get(path, {}).items():
                 ds.attrs[k] = v
@@ -178,11 +186,22 @@ class RecordingWriter:
             if ds.shape[1:] != arr.shape[1:]:
                 raise UserError(f"{path}: batch has per-prompt shape {arr.shape[1:]}, the recording has {ds.shape[1:]}")
             ds.resize(self.n_done + b, axis=0)
-            ds[self.n_done : self.n_done + b] = arr
+            self._put(ds, np.ascontiguousarray(arr, dtype=ds.dtype))
         self.n_done += b
         self._f.flush()  # data first, then the progress marker that vouches for it
         self._f["progress"][0] = self.n_done
         self._f.flush()
+
+    def _put(self, ds: h5py.Dataset, arr: np.ndarray) -> None:
+        rows = ds.chunks[0]
+        whole = ds.compression is None and ds.chunks[1:] == ds.shape[1:] and self.n_done % rows == 0
+        if not whole or arr.shape[0] % rows:
+            ds[self.n_done : self.n_done + arr.shape[0]] = arr
+            return
+        # whole uncompressed chunks: hand HDF5 the bytes directly, skipping its chunk cache
+        zeros = (0,) * (arr.ndim - 1)
+        for i in range(0, arr.shape[0], rows):
+            ds.id.write_direct_chunk((self.n_done + i, *zeros), arr[i : i + rows])
 
     def finish(self) -> Path:
         """Mark complete and move into place atomically."""
