@@ -64,7 +64,8 @@ def policy_values(P: Float[Array, "*batch s s"], r: Float[Array, "*batch s"], ga
 def _sample_rows(cum_rows: Float[Array, "batch k"], rng: np.random.Generator) -> Int[Array, " batch"]:
     """One draw per row from categorical rows given as cumulative sums."""
     u = rng.random(cum_rows.shape[0]) * cum_rows[:, -1]
-    idx = (cum_rows < u[:, None]).sum(-1)
+    # first index with cum > u; `<=` (not `<`) so u = 0 never picks a leading zero-probability entry
+    idx = (cum_rows <= u[:, None]).sum(-1)
     return np.minimum(idx, cum_rows.shape[1] - 1)
 
 
@@ -130,6 +131,7 @@ class MRPBatch:
     def sample(self, n_steps: int, rng, start: str | Int[Array, " batch"] = "stationary") -> Trajectories:
         """Sample n_steps transitions per task; start 'stationary', 'uniform' or given states."""
         rng = V.rng(rng)
+        n_steps = V.count("n_steps", n_steps, 0)
         B, s = self.batch, self.n_states
         if isinstance(start, str):
             if start == "stationary":
@@ -139,7 +141,7 @@ class MRPBatch:
             else:
                 raise UserError(f"unknown start {start!r} (use 'stationary', 'uniform' or an array of states)")
         else:
-            s0 = V.shape("start states", np.asarray(start, dtype=np.int64), (B,))
+            s0 = V.states("start states", start, (B,), s)
         cum = np.cumsum(self.P, -1)
         states = np.empty((B, n_steps + 1), dtype=np.int64)
         states[:, 0] = s0
@@ -154,6 +156,7 @@ def boyan_transitions(batch: int, n_states: int, rng) -> Float[Array, "batch s s
     """Random Boyan-chain transition matrices (see module docstring)."""
     if n_states < 3:
         raise UserError(f"a Boyan chain needs at least 3 states, got {n_states}")
+    batch = V.count("number of tasks", batch)
     rng = V.rng(rng)
     P = np.zeros((batch, n_states, n_states))
     p = rng.uniform(0.01, 0.99, size=(batch, n_states - 2))
@@ -204,6 +207,8 @@ def sample_boyan_chains(
 # ---------------------------------------------------------------------- MDPs
 def epsilon_greedy(q: Float[Array, "*batch s a"], epsilon: float) -> Float[Array, "*batch s a"]:
     """epsilon-greedy policy on action values (ties broken towards the first action)."""
+    if not (0.0 <= epsilon <= 1.0):
+        raise UserError(f"epsilon must lie in [0, 1], got {epsilon}")
     n_actions = q.shape[-1]
     pi = np.full(q.shape, epsilon / n_actions)
     best = np.argmax(q, axis=-1)
@@ -233,7 +238,8 @@ class MDPBatch:
 
     def __post_init__(self):
         self.P = V.stochastic("transition tensor P", np.asarray(self.P, dtype=np.float64))
-        B, S, A, _ = V.shape("P", self.P, (None, None, None, self.P.shape[1])).shape
+        S = V.shape("P", self.P, (None, None, None, None)).shape[1]
+        B, S, A, _ = V.shape("P", self.P, (None, S, None, S)).shape
         self.R = V.finite("rewards R", V.shape("R", np.asarray(self.R, dtype=np.float64), (B, S, A)))
         self.start = V.stochastic("start distribution", V.shape("start", np.asarray(self.start, dtype=np.float64), (B, S)))
         self.gamma = V.discount(self.gamma)
@@ -293,13 +299,14 @@ class MDPBatch:
     def sample(self, pi: Float[Array, "batch s a"], n_steps: int, rng, start_states=None) -> Trajectories:
         """Sample n_steps transitions under pi (plus the action a_n at the last state)."""
         rng = V.rng(rng)
+        n_steps = V.count("n_steps", n_steps, 0)
         pi = self._check_policy(pi)
         B = self.batch
         rows = np.arange(B)
         if start_states is None:
             s = sample_categorical(self.start, rng)
         else:
-            s = V.shape("start states", np.asarray(start_states, dtype=np.int64), (B,))
+            s = V.states("start states", start_states, (B,), self.n_states)
         cum_pi = np.cumsum(pi, -1)
         cum_P = np.cumsum(self.P, -1)
         states = np.empty((B, n_steps + 1), dtype=np.int64)
@@ -323,6 +330,8 @@ def sample_tabular_mdps(
 ) -> MDPBatch:
     """Random MDPs: Dirichlet(concentration) transition rows, R(s, a) ~ U(-1, 1), uniform start."""
     rng = V.rng(rng)
+    batch, n_states = V.count("number of tasks", batch), V.count("number of states", n_states)
+    n_actions = V.count("number of actions", n_actions)
     if concentration <= 0:
         raise UserError(f"Dirichlet concentration must be positive, got {concentration}")
     P = rng.gamma(concentration, size=(batch, n_states, n_actions, n_states))

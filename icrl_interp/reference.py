@@ -50,6 +50,7 @@ def batch_td(
     phi_query = V.shape("phi_query", _f64("phi_query", phi_query), (B, d))
     gamma = V.discount(gamma)
     C = np.eye(d) if C is None else V.shape("C", _f64("C", C), (d, d))
+    n_iters = V.count("n_iters", n_iters, 0)
     w = np.zeros((B, n_iters + 1, d))
     deltas = np.zeros((B, n_iters + 1, n))
     diff = gamma * phi_next - phi  # [B, n, d]
@@ -106,6 +107,7 @@ def weighted_softmax_td(
     n = pos - 1
     rewards = V.shape("rewards", _f64("rewards", rewards), (B, n))
     gamma = V.discount(gamma)
+    n_iters = V.count("n_iters", n_iters, 0)
     K = softmax_kernel(x, A11) if kernel is None else V.shape("kernel", _f64("kernel", kernel), (B, n, pos))
     values = np.zeros((B, n_iters + 1, pos))
     deltas = np.zeros((B, n_iters + 1, n))
@@ -134,7 +136,8 @@ def tabular_td(
     states: Int[Array, "batch pos"], rewards: Float[Array, "batch n"], gamma: float, alpha: float, n_iters: int
 ) -> SoftmaxTDTrace:
     """Batch tabular TD: weighted softmax TD with the sharp (visit-averaging) kernel."""
-    states = np.asarray(states, dtype=np.int64)
+    rewards = V.shape("rewards", _f64("rewards", rewards), (None, None))
+    states = V.shape("states", np.asarray(states), (rewards.shape[0], rewards.shape[1] + 1)).astype(np.int64)
     dummy = np.zeros(states.shape + (1,))
     return weighted_softmax_td(dummy, rewards, gamma, alpha, n_iters, kernel=tabular_kernel(states))
 
@@ -192,6 +195,9 @@ def actor_critic_update(
     phi, phi_next, rewards = _f64("phi", phi), _f64("phi_next", phi_next), _f64("rewards", rewards)
     scores, w, lam = _f64("scores", scores), _f64("w", w), _f64("lam", lam)
     B, n, d = phi.shape
+    V.shape("phi_next", phi_next, (B, n, d))
+    V.shape("rewards", rewards, (B, n))
+    V.shape("w", w, (B, d))
     V.shape("scores", scores, (B, n, None))
     V.shape("lam", lam, (B, scores.shape[-1]))
     gamma = V.discount(gamma)

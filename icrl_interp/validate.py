@@ -24,6 +24,22 @@ def shape(name: str, array, expected: tuple) -> np.ndarray:
     return array
 
 
+def states(name: str, array, expected: tuple, n_states: int) -> np.ndarray:
+    """Integer state indices of shape `expected`, each in 0..n_states-1 (no silent wrap-around)."""
+    array = finite(name, shape(name, array, expected))
+    integral = array.dtype.kind in "iu" or (array.dtype.kind == "f" and np.all(array == np.round(array)))
+    if array.size and (not integral or array.min() < 0 or array.max() >= n_states):
+        raise UserError(f"{name} must be integer states in 0..{n_states - 1}, got {array.ravel()[:8].tolist()}")
+    return array.astype(np.int64)
+
+
+def count(name: str, value, minimum: int = 1) -> int:
+    """An integer size (number of tasks, states, steps) of at least `minimum`."""
+    if isinstance(value, bool) or int(value) != value or value < minimum:
+        raise UserError(f"{name} must be an integer >= {minimum}, got {value}")
+    return int(value)
+
+
 def discount(gamma: float) -> float:
     """A discount factor must lie in [0, 1)."""
     gamma = float(gamma)

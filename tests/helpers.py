@@ -1,9 +1,14 @@
 """Builders of small, valid inputs for tests (one place, so tests stay short)."""
 from __future__ import annotations
 
+import inspect
+import re
+
 import numpy as np
+import pytest
 
 from icrl_interp import envs
+from icrl_interp.errors import UserError
 
 
 def boyan(batch=8, n_states=6, d=3, gamma=0.9, seed=0, **kw) -> envs.MRPBatch:
@@ -17,3 +22,50 @@ def mdps(batch=8, n_states=4, n_actions=3, gamma=0.5, seed=0) -> envs.MDPBatch:
 def random_policy(mdp: envs.MDPBatch, seed=0) -> np.ndarray:
     logits = np.random.default_rng(seed).standard_normal(mdp.R.shape)
     return envs.softmax_policy(logits)
+
+
+def repeated(mrp: envs.MRPBatch, copies: int) -> envs.MRPBatch:
+    """The first task of `mrp` repeated `copies` times (i.i.d. runs of one chain, vectorized)."""
+    rep = lambda a: np.repeat(a[:1], copies, axis=0)  # noqa: E731
+    return envs.MRPBatch(P=rep(mrp.P), r=rep(mrp.r), phi=rep(mrp.phi), gamma=mrp.gamma)
+
+
+def td_data(batch=6, n=12, d=3, seed=0):
+    """Random transitions (phi, phi_next, rewards, phi_query) for batch TD / SARSA."""
+    g = np.random.default_rng(seed)
+    return (g.standard_normal((batch, n, d)), g.standard_normal((batch, n, d)),
+            g.standard_normal((batch, n)), g.standard_normal((batch, d)))
+
+
+# ----------------------------------------------------------- validation
+def plain(fn):
+    """`fn` without the test-only jaxtyping/beartype wrapper.
+
+    pytest instruments the package (pyproject addopts), so a wrongly shaped argument
+    would be refused by the shape checker before our own validation runs; users run
+    without it, so input validation is tested on the undecorated function. Bound methods
+    stay bound (to their instance, or to their class for a classmethod).
+    """
+    raw = inspect.unwrap(fn)
+    owner = getattr(fn, "__self__", None)
+    if raw is not fn and owner is not None and not hasattr(raw, "__self__"):
+        return raw.__get__(owner)
+    return raw
+
+
+def build_plain(cls, **fields):
+    """Construct a dataclass through its undecorated __init__ (see `plain`)."""
+    obj = cls.__new__(cls)
+    plain(cls.__init__)(obj, **fields)
+    return obj
+
+
+def raises_user(*words: str):
+    """pytest.raises(UserError) whose one-line message mentions every word (case-insensitive)."""
+    pattern = "".join(f"(?=.*{re.escape(w)})" for w in words)
+    return pytest.raises(UserError, match=re.compile(pattern, re.IGNORECASE))
+
+
+def se_tolerance(p: np.ndarray, counts: np.ndarray, k: float = 5.0) -> np.ndarray:
+    """k binomial standard errors of an empirical frequency of p out of `counts` draws."""
+    return k * np.sqrt(p * (1.0 - p) / np.maximum(counts, 1)) + 1e-12
