@@ -1,0 +1,72 @@
+"""Batch reports: analyze many checkpoints / recordings / training runs and write a report directory.
+
+`build_report(inputs, out_dir)` writes `<out>/summary.json`, `<out>/summary.csv`,
+`<out>/figures/*.png` and `<out>/index.html`, caching analyses in `<out>/cache/`.
+This package does not import transformer_lens (nor torch).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .batch import DEFAULT_ANALYZER, ReportInput, Result, collect_inputs, run_batch, write_atomic, write_summaries
+
+
+@dataclass
+class ReportOutcome:
+    """What `build_report` produced."""
+
+    results: list[Result]
+    """One per input, in input order."""
+    figures: list = field(default_factory=list)
+    """FigureInfo per figure drawn (or attempted)."""
+    out_dir: Path = Path(".")
+    """The report directory."""
+
+    @property
+    def n_failed(self) -> int:
+        return sum(r.status != "ok" for r in self.results)
+
+
+@dataclass
+class ReportConfig:
+    """Options of `build_report` (the CLI flags)."""
+
+    workers: int = 1
+    """Parallel analysis processes (1 = in this process)."""
+    analyzer: str = DEFAULT_ANALYZER
+    """'module:function' taking a path and returning an icrl_interp.analysis/1 dict."""
+    use_cache: bool = True
+    """Reuse `<out>/cache/<sha256>.json` analyses of unchanged inputs."""
+    svg: bool = False
+    """Also write every figure as SVG."""
+    embed: bool = False
+    """Inline the PNGs in index.html (one self-contained file) instead of referencing figures/."""
+    max_recordings: int = 12
+    """Per family, at most this many recordings get their own attention / M̂ figure."""
+    title: str = "icrl-interp report"
+    """Page title."""
+    progress: bool = True
+    """Show tqdm progress bars on stderr."""
+
+
+def build_report(inputs: list, out_dir, config: ReportConfig | None = None) -> ReportOutcome:
+    """Collect, analyze (cached, parallel), then write summaries, figures and the page."""
+    from .figures import make_figures
+    from .html import render
+
+    config = config or ReportConfig()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    items = collect_inputs(inputs)
+    results = run_batch(items, out_dir, workers=config.workers, analyzer=config.analyzer,
+                        use_cache=config.use_cache, progress=config.progress)
+    write_summaries(results, out_dir)
+    figures = make_figures(results, out_dir, svg=config.svg, max_recordings=config.max_recordings,
+                           log=lambda msg: print(f"warning: {msg}", file=sys.stderr))
+    write_atomic(out_dir / "index.html", render(results, figures, out_dir, title=config.title, embed=config.embed))
+    return ReportOutcome(results, figures, out_dir)
+
+
+__all__ = ["ReportConfig", "ReportInput", "ReportOutcome", "Result", "build_report", "collect_inputs", "run_batch"]

@@ -1,0 +1,491 @@
+"""Collect report inputs, analyze them in parallel processes with a content-hash cache, and
+write `summary.json` / `summary.csv` (one flat row per input).
+
+Inputs are checkpoints (a directory with `config.json` + `model.safetensors`), recordings (an
+HDF5 file) or any directory holding them (training run directories: `checkpoints/step_*/`).
+Each input is hashed by its bytes (a checkpoint: the names and bytes of its files); an analysis
+is cached as `<out>/cache/<sha256>.json` and reused while the hash, the analyzer and the package
+version are unchanged. `summary.json` holds nothing that varies between runs on the same inputs
+(no times, no cache hits), so a re-run reproduces it byte for byte.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import csv
+import hashlib
+import importlib
+import io
+import json
+import math
+import multiprocessing
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from collections.abc import Callable
+
+from .._version import __version__
+from ..errors import UserError
+
+ANALYSIS_SCHEMA = "icrl_interp.analysis/1"
+SUMMARY_SCHEMA = "icrl_interp.report/1"
+CACHE_SCHEMA = "icrl_interp.report-cache/1"
+DEFAULT_ANALYZER = "icrl_interp.analyzers.analyze:analyze"
+RECORDING_SUFFIXES = (".h5", ".hdf5")
+META_COLUMNS = ("input", "kind", "status", "error", "sha256", "family", "source", "run_id", "step", "seed",
+                "gamma", "context_length")
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+# ------------------------------------------------------------------ inputs
+@dataclass
+class ReportInput:
+    """One thing to analyze, with what can be learned about it without analyzing it."""
+
+    path: Path
+    """Absolute path of the checkpoint directory or recording file."""
+    kind: str
+    """'checkpoint', 'recording' or 'missing' (a path that does not exist / holds nothing analyzable)."""
+    meta: dict = field(default_factory=dict)
+    """family, run_id, step, seed, gamma, context_length when known (else absent)."""
+    problem: str = ""
+    """Why this input cannot be analyzed at all (set for kind 'missing')."""
+
+
+@dataclass
+class Result:
+    """The outcome for one input."""
+
+    input: ReportInput
+    """What was analyzed."""
+    status: str
+    """'ok' or 'failed'."""
+    error: str = ""
+    """One-line reason when failed."""
+    sha256: str = ""
+    """Content hash of the input ('' when it could not be read)."""
+    analysis: dict | None = None
+    """The analysis dict (contract icrl_interp.analysis/1), JSON-normalised; None when failed."""
+    cached: bool = False
+    """Whether the analysis came from the cache (kept out of summary.json on purpose)."""
+
+    @property
+    def family(self) -> str:
+        fam = (self.analysis or {}).get("family") or self.input.meta.get("family")
+        return str(fam) if fam else "unknown"
+
+    @property
+    def source(self) -> str:
+        """Where the weights came from: the checkpoint's origin kind ('theta_star', 'trained', ...).
+
+        The analyzer's own `source` field names the input path, which the `input` column holds."""
+        origin = (self.analysis or {}).get("origin")
+        src = self.input.meta.get("source") or (origin.get("kind") if isinstance(origin, dict) else None)
+        return str(src) if src else ""
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _origin_meta(config: dict) -> dict:
+    """family / run_id / step / seed / source from a checkpoint's config.json (missing keys skipped)."""
+    meta = {}
+    if isinstance(config.get("family"), str):
+        meta["family"] = config["family"]
+    if isinstance(config.get("seed"), int):
+        meta["seed"] = config["seed"]
+    origin = config.get("origin")
+    if isinstance(origin, dict):
+        if isinstance(origin.get("kind"), str):
+            meta["source"] = origin["kind"]
+        if origin.get("run_id") is not None:
+            meta["run_id"] = str(origin["run_id"])
+        if isinstance(origin.get("step"), int):
+            meta["step"] = origin["step"]
+        if isinstance(origin.get("seed"), int) and "seed" not in meta:
+            meta["seed"] = origin["seed"]
+    task = config.get("task")
+    n = task.get("n") if isinstance(task, dict) else config.get("n")
+    if isinstance(n, int) and not isinstance(n, bool):
+        meta["context_length"] = n
+    gamma = config.get("gamma")
+    if isinstance(gamma, (int, float)) and not isinstance(gamma, bool):
+        meta["gamma"] = float(gamma)
+    meta["series"] = series_key(config)
+    return meta
+
+
+# config keys that differ between seeds of one experiment (or name the run), not its setting
+_VOLATILE = ("seed", "origin", "run_id", "name", "created", "out", "resume", "versions")
+
+
+def series_key(config: dict) -> str:
+    """Short hash of a config without its seed and bookkeeping: runs sharing it are seeds of one series."""
+    core = {k: v for k, v in config.items() if k not in _VOLATILE}
+    return hashlib.sha256(json.dumps(core, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def _checkpoint_input(path: Path) -> ReportInput:
+    meta = _origin_meta(_read_json(path / "config.json"))
+    m = _STEP_DIR.match(path.name)
+    if m and "step" not in meta:
+        meta["step"] = int(m.group(1))
+    if m and "run_id" not in meta and path.parent.name == "checkpoints":
+        meta["run_id"] = path.parent.parent.name
+    if "seed" not in meta and m and path.parent.name == "checkpoints":
+        seed = _read_json(path.parent.parent / "config.json").get("seed")
+        if isinstance(seed, int):
+            meta["seed"] = seed
+    return ReportInput(path, "checkpoint", meta)
+
+
+def _recording_input(path: Path) -> ReportInput:
+    """Metadata from the root attributes (cheap: no dataset is read)."""
+    meta: dict = {}
+    try:
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            def attr(key):
+                v = f.attrs.get(key)
+                v = v.decode() if isinstance(v, bytes) else v
+                if isinstance(v, str) and v[:1] in "{[":
+                    try:
+                        return json.loads(v)
+                    except ValueError:
+                        return None
+                return v.item() if hasattr(v, "item") else v
+
+            config = attr("checkpoint_config")
+            if isinstance(config, dict):
+                meta.update(_origin_meta(config))
+            if isinstance(attr("family"), str):
+                meta["family"] = attr("family")
+            gamma = attr("gamma")
+            if isinstance(gamma, (int, float)) and not isinstance(gamma, bool):
+                meta["gamma"] = float(gamma)
+            if "prompts/z" in f and f["prompts/z"].ndim == 3:
+                meta["context_length"] = int(f["prompts/z"].shape[1]) - 1
+    except (OSError, ValueError, KeyError):
+        pass  # unreadable: the analyzer says why
+    return ReportInput(path, "recording", meta)
+
+
+def _scan_dir(root: Path) -> list[ReportInput]:
+    """Checkpoints and recordings anywhere under `root` (a checkpoint directory is not entered).
+
+    A `step_*` directory under `checkpoints/` is taken as a checkpoint even when incomplete, so
+    that a half-written checkpoint shows up as failed instead of silently vanishing.
+    """
+    found: list[ReportInput] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        dirnames.sort()
+        if is_checkpoint_dir(here) or (_STEP_DIR.match(here.name) and here.parent.name == "checkpoints"):
+            found.append(_checkpoint_input(here))
+            dirnames[:] = []
+            continue
+        dirnames[:] = [d for d in dirnames if d != "cache" and not d.startswith(".")]
+        for name in sorted(filenames):
+            if name.endswith(RECORDING_SUFFIXES):
+                found.append(_recording_input(here / name))
+    return found
+
+
+def collect_inputs(paths: list[str | os.PathLike]) -> list[ReportInput]:
+    """Expand the command-line paths into inputs, in order, without duplicates."""
+    out: list[ReportInput] = []
+    seen: set[Path] = set()
+
+    def add(item: ReportInput):
+        if item.path not in seen:
+            seen.add(item.path)
+            out.append(item)
+
+    for raw in paths:
+        path = Path(os.path.abspath(raw))
+        if not path.exists():
+            add(ReportInput(path, "missing", problem="does not exist"))
+        elif path.is_file():
+            add(_recording_input(path))
+        elif is_checkpoint_dir(path) or (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
+            add(_checkpoint_input(path))
+        else:
+            items = _scan_dir(path)
+            if not items:
+                add(ReportInput(path, "missing", problem="holds no checkpoints or recordings"))
+            for item in items:
+                add(item)
+    return out
+
+
+# ------------------------------------------------------------------ hashing and cache
+def content_hash(item: ReportInput, chunk: int = 1 << 22) -> str:
+    """SHA-256 of a recording's bytes, or of a checkpoint directory's (relative name, bytes) pairs."""
+    h = hashlib.sha256()
+    if item.path.is_file():
+        files = [(item.path.name, item.path)]
+        single = True
+    else:
+        files = sorted((p.relative_to(item.path).as_posix(), p) for p in item.path.rglob("*") if p.is_file())
+        single = False
+    for name, path in files:
+        if not single:
+            h.update(f"{name}\0{path.stat().st_size}\0".encode())
+        with open(path, "rb") as f:
+            while block := f.read(chunk):
+                h.update(block)
+    return h.hexdigest()
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write to a temporary name in the same directory, then os.replace (never a torn file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _cache_path(cache_dir: Path, sha: str) -> Path:
+    return cache_dir / f"{sha}.json"
+
+
+def load_cached(cache_dir: Path, sha: str, analyzer: str) -> dict | None:
+    """The cached analysis for this hash, or None (absent, unreadable, other analyzer or version)."""
+    data = _read_json(_cache_path(cache_dir, sha))
+    if data.get("schema") != CACHE_SCHEMA or data.get("analyzer") != analyzer or data.get("icrl_interp") != __version__:
+        return None
+    analysis = data.get("analysis")
+    return analysis if isinstance(analysis, dict) else None
+
+
+def store_cached(cache_dir: Path, sha: str, analyzer: str, analysis: dict) -> None:
+    payload = {"schema": CACHE_SCHEMA, "sha256": sha, "analyzer": analyzer, "icrl_interp": __version__,
+               "analysis": analysis}
+    write_atomic(_cache_path(cache_dir, sha), dumps(payload))
+
+
+# ------------------------------------------------------------------ JSON normalisation
+def _plain(obj):
+    """numpy scalars/arrays, tuples and non-finite floats -> plain JSON values (NaN/Inf -> None)."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        return _plain(obj.tolist())
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, bytes):
+        return obj.decode(errors="replace")
+    return str(obj)
+
+
+def dumps(obj) -> str:
+    """Canonical JSON text (stable key order within each dict as built, no NaN)."""
+    return json.dumps(_plain(obj), indent=1, allow_nan=False) + "\n"
+
+
+def normalise_analysis(analysis) -> dict:
+    """Round-trip through JSON so a fresh analysis and a cached one are the same object."""
+    if not isinstance(analysis, dict):
+        raise UserError(f"the analyzer returned {type(analysis).__name__}, expected a dict")
+    plain = json.loads(dumps(analysis))
+    if plain.get("schema") != ANALYSIS_SCHEMA:
+        raise UserError(f"analysis has schema {plain.get('schema')!r}, expected {ANALYSIS_SCHEMA!r}")
+    return plain
+
+
+# ------------------------------------------------------------------ analysis
+def resolve_analyzer(ref: str) -> Callable[[str], dict]:
+    """'package.module:function' -> the function."""
+    module, _, name = ref.partition(":")
+    if not module or not name:
+        raise UserError(f"analyzer must look like 'package.module:function', got {ref!r}")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise UserError(f"cannot load analyzer {ref!r}: {e}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    msg = text[0] if text else ""
+    return msg if isinstance(exc, UserError) else f"{type(exc).__name__}: {msg}".rstrip(": ")
+
+
+def analyze_job(analyzer: str, path: str) -> tuple[str, object]:
+    """Worker entry point: ('ok', analysis) or ('failed', one-line reason); never raises."""
+    try:
+        return "ok", normalise_analysis(resolve_analyzer(analyzer)(path))
+    except Exception as e:  # noqa: BLE001 - every failure becomes a failed row, the batch goes on
+        return "failed", _one_line(e)
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="input", disable=not enabled or total == 0, leave=False)
+
+
+def run_batch(
+    inputs: list[ReportInput],
+    out_dir: Path,
+    workers: int = 1,
+    analyzer: str = DEFAULT_ANALYZER,
+    use_cache: bool = True,
+    progress: bool = True,
+) -> list[Result]:
+    """Hash every input, reuse cached analyses, analyze the rest (in `workers` processes when > 1)."""
+    cache_dir = Path(out_dir) / "cache"
+    results: list[Result] = []
+    todo: list[int] = []
+    with _progress(len(inputs), "hashing", progress) as bar:
+        for item in inputs:
+            bar.update()
+            if item.kind == "missing":
+                results.append(Result(item, "failed", error=item.problem))
+                continue
+            try:
+                sha = content_hash(item)
+            except OSError as e:
+                results.append(Result(item, "failed", error=f"cannot read: {e.strerror or e}"))
+                continue
+            cached = load_cached(cache_dir, sha, analyzer) if use_cache else None
+            results.append(Result(item, "ok" if cached else "pending", sha256=sha, analysis=cached, cached=bool(cached)))
+            if not cached:
+                todo.append(len(results) - 1)
+
+    def finish(i: int, status: str, value) -> None:
+        r = results[i]
+        if status == "ok":
+            r.status, r.analysis = "ok", value
+            store_cached(cache_dir, r.sha256, analyzer, value)
+        else:
+            # analyzers name the file in their messages; the row names it already
+            prefix = f"{r.input.path}: "
+            r.status, r.error = "failed", str(value)[len(prefix):] if str(value).startswith(prefix) else str(value)
+
+    with _progress(len(todo), "analyzing", progress) as bar:
+        if workers <= 1 or len(todo) <= 1:
+            for i in todo:
+                finish(i, *analyze_job(analyzer, str(results[i].input.path)))
+                bar.update()
+        else:
+            # spawn, not fork: the parent may hold threads (BLAS, torch) that fork would copy mid-lock
+            ctx = multiprocessing.get_context("spawn")
+            with cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
+                futures = {pool.submit(analyze_job, analyzer, str(results[i].input.path)): i for i in todo}
+                for fut in cf.as_completed(futures):
+                    try:
+                        finish(futures[fut], *fut.result())
+                    except Exception as e:  # a worker died (out of memory, killed): that input failed
+                        finish(futures[fut], "failed", f"analysis process died: {_one_line(e)}")
+                    bar.update()
+    return results
+
+
+# ------------------------------------------------------------------ flat rows
+def flatten(obj, prefix: str = "") -> dict:
+    """Nested analysis -> {'a.b.c': value}. A list of dicts with a 'layer' key is keyed by layer,
+    other lists of dicts by index; a list without dicts (a vector, a matrix) stays one value."""
+    out: dict = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(obj, list) and any(isinstance(v, dict) for v in obj):
+        by_layer = all(isinstance(v, dict) and isinstance(v.get("layer"), int) for v in obj) and obj
+        for i, v in enumerate(obj):
+            if by_layer:
+                v = {k: x for k, x in v.items() if k != "layer"}
+                out.update(flatten(v, f"{prefix}.{obj[i]['layer']}"))
+            else:
+                out.update(flatten(v, f"{prefix}.{i}"))
+    else:
+        out[prefix] = obj
+    return out
+
+
+def summary_row(r: Result) -> dict:
+    """Metadata columns first, then every metric of the analysis, flattened."""
+    meta = r.input.meta
+    row = {
+        "input": str(r.input.path),
+        "kind": r.input.kind,
+        "status": r.status,
+        "error": r.error,
+        "sha256": r.sha256,
+        "family": r.family,
+        "source": r.source,
+        "run_id": meta.get("run_id"),
+        "step": meta.get("step"),
+        "seed": meta.get("seed"),
+        "gamma": meta.get("gamma"),
+        "context_length": meta.get("context_length"),
+    }
+    if r.analysis:
+        for key in ("gamma", "context_length"):  # the analyzer read them from the data itself
+            if r.analysis.get(key) is not None:
+                row[key] = r.analysis[key]
+        for key, value in flatten(r.analysis).items():
+            # schema is fixed; the analyzer's source / kind / family repeat the columns above
+            if key not in row and key != "schema":
+                row[key] = value
+    return _plain(row)
+
+
+def summary_json(results: list[Result]) -> str:
+    rows = [summary_row(r) for r in results]
+    failed = sum(r.status != "ok" for r in results)
+    return dumps({"schema": SUMMARY_SCHEMA, "n_inputs": len(rows), "n_failed": failed, "rows": rows})
+
+
+def _cell(value) -> str:
+    """CSV cell: empty for None, JSON for vectors / matrices, repr-exact for floats."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def summary_csv(results: list[Result]) -> str:
+    rows = [summary_row(r) for r in results]
+    columns = list(META_COLUMNS)
+    for row in rows:
+        for key in row:
+            if key not in columns:
+                columns.append(key)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _cell(row.get(k)) for k in columns})
+    return buf.getvalue()
+
+
+def write_summaries(results: list[Result], out_dir: Path) -> tuple[Path, Path]:
+    out_dir = Path(out_dir)
+    write_atomic(out_dir / "summary.json", summary_json(results))
+    write_atomic(out_dir / "summary.csv", summary_csv(results))
+    return out_dir / "summary.json", out_dir / "summary.csv"

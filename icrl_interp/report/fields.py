@@ -1,0 +1,113 @@
+"""Tolerant access to analysis dicts (contract icrl_interp.analysis/1): a missing or malformed
+field reads as None / empty, so reports draw what is there and skip the rest."""
+from __future__ import annotations
+
+import math
+
+from .batch import Result
+
+
+def num(x) -> float | None:
+    """x as a finite float, else None (bools are not numbers here)."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def get(d, *keys):
+    """d[k0][k1]...; None as soon as a level is missing or not a dict."""
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def layers_of(r: Result) -> list[dict]:
+    """The per-layer activation metrics of an analysis, sorted by layer ([] when absent)."""
+    layers = get(r.analysis, "activations", "layers")
+    if not isinstance(layers, list):
+        return []
+    rows = [x for x in layers if isinstance(x, dict) and isinstance(x.get("layer"), int)]
+    return sorted(rows, key=lambda x: x["layer"])
+
+
+def layer_values(r: Result, key: str) -> tuple[list[int], list[float]]:
+    """(layers, values) of one per-layer metric, skipping layers where it is absent."""
+    xs, ys = [], []
+    for layer in layers_of(r):
+        v = num(layer.get(key))
+        if v is not None:
+            xs.append(layer["layer"])
+            ys.append(v)
+    return xs, ys
+
+
+def is_theta_star(r: Result) -> bool:
+    """Whether the input is a construction θ* (by the analysis' or the config's `source`)."""
+    return r.source.lower().replace("θ", "theta").replace("_", "").replace("-", "") in ("theta*", "thetastar", "construction")
+
+
+def label_of(r: Result) -> str:
+    """Short human name: θ*, 'run @ step N', or the file / directory name."""
+    meta = r.input.meta
+    name = r.input.path.stem if r.input.kind == "recording" else r.input.path.name
+    if is_theta_star(r):
+        return f"θ* ({name})"
+    if meta.get("run_id") is not None and meta.get("step") is not None:
+        return f"{meta['run_id']} @ step {meta['step']}"
+    return name
+
+
+def max_rel_err(r: Result) -> float | None:
+    """Largest per-block relative error to θ* at the best scale."""
+    rel = get(r.analysis, "weights", "manifold", "rel_err")
+    vals = [num(v) for v in (rel.values() if isinstance(rel, dict) else []) if num(v) is not None]
+    return max(vals) if vals else None
+
+
+def last_layer(r: Result, key: str) -> float | None:
+    return (layer_values(r, key)[1] or [None])[-1]
+
+
+def representatives(results: list[Result]) -> list[Result]:
+    """θ* inputs, then the last step of each training run, then everything else."""
+    theta = [r for r in results if is_theta_star(r)]
+    last: dict[str, Result] = {}
+    others = []
+    for r in results:
+        if is_theta_star(r):
+            continue
+        run, step = r.input.meta.get("run_id"), r.input.meta.get("step")
+        if run is not None and isinstance(step, int):
+            key = f"{run}|{r.input.kind}"
+            if key not in last or step > last[key].input.meta["step"]:
+                last[key] = r
+        else:
+            others.append(r)
+    return theta + list(last.values()) + others
+
+
+def kernel_of(layer: dict) -> tuple[list | None, float | None]:
+    """(task-averaged M̂ as nested lists or None, contraction threshold (1+γ)/2 or None) of a layer."""
+    kd = layer.get("kernel_diagonality")
+    if not isinstance(kd, dict):
+        return None, None
+    threshold = num(kd.get("threshold"))
+    if threshold is None and num(kd.get("min")) is not None and num(kd.get("margin")) is not None:
+        threshold = num(kd["min"]) - num(kd["margin"])
+    matrix = kd.get("M_hat")
+    return (matrix if isinstance(matrix, list) and matrix else None), threshold
+
+
+def kernel_mins(r: Result) -> dict[int, tuple[float, float | None]]:
+    """layer -> (min_s diagonal, threshold): the empirical M̂ of a recording, else the population
+    kernel M_π the analyzer computes from a checkpoint's score matrix."""
+    out = {}
+    rows = [(l["layer"], l.get("kernel_diagonality")) for l in layers_of(r)]
+    pop = get(r.analysis, "weights", "population_kernel")
+    if not any(isinstance(kd, dict) for _, kd in rows) and isinstance(pop, list):
+        rows = [(p.get("layer"), p) for p in pop if isinstance(p, dict)]
+    for layer, kd in rows:
+        mn = num(get(kd, "min"))
+        if isinstance(layer, int) and mn is not None:
+            out[layer] = (mn, kernel_of({"kernel_diagonality": kd})[1])
+    return out

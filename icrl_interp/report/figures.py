@@ -1,0 +1,555 @@
+"""Report figures (matplotlib, Agg; no pyplot global state).
+
+Every figure carries the reference a reader needs to judge it: the (1+gamma)/2 threshold of
+Assumption 5.1, the theta* construction, the shuffled-label control. A figure is drawn only
+when the inputs hold the fields it needs; each builder returns None otherwise, and a builder
+that fails on odd input is reported in the page instead of stopping the report.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from jaxtyping import Float
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from .batch import Result
+from .fields import get, is_theta_star, kernel_mins, kernel_of, label_of, last_layer, layer_values, layers_of, max_rel_err, num, representatives
+
+Array = np.ndarray
+PATTERN_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
+THETA_STAR_COLOR = "black"
+CONTROL_COLOR = "tab:gray"
+MAX_LINES = 10
+MAX_LAYERS = 8
+
+
+@dataclass
+class FigureInfo:
+    """One figure as the page shows it."""
+
+    family: str
+    """Family section the figure belongs to."""
+    key: str
+    """File stem (unique within the report)."""
+    title: str
+    """Heading above the image."""
+    caption: str
+    """How to read it, and what good looks like."""
+    files: list[str] = field(default_factory=list)
+    """Paths relative to the report directory (PNG first, then SVG if asked)."""
+    error: str = ""
+    """Why the figure could not be drawn ('' when it was)."""
+
+
+# ------------------------------------------------------------------ small helpers
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return [cmap(i % 10) for i in range(n)]
+
+
+def _save(fig: Figure, out_dir: Path, key: str, svg: bool) -> list[str]:
+    """PNG (and SVG) written atomically; returns paths relative to the report directory."""
+    FigureCanvasAgg(fig)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    for ext in ("png", "svg") if svg else ("png",):
+        target = out_dir / f"{key}.{ext}"
+        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=f".{ext}", dir=out_dir)
+        os.close(fd)
+        try:
+            # no date/software metadata, so the same inputs give the same bytes
+            meta = {"Software": None} if ext == "png" else {"Date": None, "Creator": None}
+            fig.savefig(tmp, format=ext, dpi=100, metadata=meta)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        files.append(f"{out_dir.name}/{target.name}")
+    return files
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "x"
+
+
+# ------------------------------------------------------------------ per-recording figure
+def attention_figure(r: Result) -> Figure | None:
+    """Attention heatmap of prompt 0 per layer (read from the recording) above the analysis' M̂."""
+    if r.input.kind != "recording":
+        return None
+    from ..recording import Recording
+
+    kernels = {l["layer"]: kernel_of(l) for l in layers_of(r)}
+    with Recording(r.input.path) as rec:
+        hooks = sorted((int(m.group(1)), h) for h in rec.hooks() if (m := PATTERN_HOOK.match(h)))[:MAX_LAYERS]
+        if not hooks or rec.n_prompts == 0:
+            return None
+        with_kernel = any(kernels.get(l, (None, None))[0] is not None for l, _ in hooks)
+        rows = 2 if with_kernel else 1
+        fig = Figure(figsize=(max(7.5, 3.8 * len(hooks)), 3.4 * rows + 0.6), layout="constrained")
+        axes = fig.subplots(rows, len(hooks), squeeze=False)
+        for col, (layer, hook) in enumerate(hooks):
+            ax = axes[0, col]
+            heat = rec.read(hook, 0, 1)[0].astype(np.float64).mean(axis=0)
+            im = ax.imshow(heat, cmap="viridis", vmin=0.0, aspect="auto", interpolation="nearest")
+            fig.colorbar(im, ax=ax, label="attention weight")
+            ax.set_title(f"layer {layer}: attention (prompt 0)")
+            ax.set_xlabel("source position k")
+            ax.set_ylabel("target position j")
+            if with_kernel:
+                _kernel_panel(fig, axes[1, col], layer, *kernels.get(layer, (None, None)))
+    note = ("\nbottom: M̂ averaged over tasks; red boxes mark diagonal entries at or below (1+γ)/2"
+            if with_kernel else "")
+    fig.suptitle(f"{label_of(r)}: attention and state-aggregated kernel{note}")
+    return fig
+
+
+def _kernel_panel(fig: Figure, ax, layer: int, matrix, threshold) -> None:
+    if matrix is None:
+        ax.axis("off")
+        ax.text(0.5, 0.5, f"layer {layer}: no M̂ in the analysis", ha="center", va="center")
+        return
+    kernel = np.array([[np.nan if v is None else v for v in row] for row in matrix], dtype=np.float64)
+    im = ax.imshow(kernel, cmap="magma", vmin=0.0, vmax=1.0, interpolation="nearest")
+    fig.colorbar(im, ax=ax, label="M̂(s, s') (probability)")
+    diag = np.diag(kernel)
+    seen = np.isfinite(diag)
+    title = f"layer {layer}: M̂ (task average)"
+    if threshold is not None:
+        title += f"\nthreshold (1+γ)/2 = {threshold:.3f}"
+        for s in np.nonzero(seen & (diag <= threshold))[0]:
+            ax.add_patch(Rectangle((s - 0.5, s - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
+    ax.set_title(title)
+    ax.set_xlabel("source state s'")
+    ax.set_ylabel("target state s")
+
+
+# ------------------------------------------------------------------ block norms
+def block_matrix(entry) -> tuple[list[str], list[str], Float[Array, "r c"]] | None:
+    """Accepts {'rows','cols','norms'}, {row: {col: x}} or [[x]]; None when it is none of these."""
+    if isinstance(entry, dict):
+        values = next((entry[k] for k in ("norms", "values", "matrix") if k in entry), None)
+        if values is not None and isinstance(entry.get("rows"), list) and isinstance(entry.get("cols"), list):
+            mat = np.asarray(values, dtype=np.float64)
+            if mat.shape == (len(entry["rows"]), len(entry["cols"])):
+                return [str(x) for x in entry["rows"]], [str(x) for x in entry["cols"]], mat
+            return None
+        if entry and all(isinstance(v, dict) for v in entry.values()):
+            rows = list(entry)
+            cols = list(dict.fromkeys(c for v in entry.values() for c in v))
+            mat = np.array([[num(entry[r].get(c)) if num(entry[r].get(c)) is not None else np.nan for c in cols]
+                            for r in rows])
+            return rows, cols, mat
+        return None
+    if isinstance(entry, list) and entry and all(isinstance(x, list) for x in entry):
+        try:
+            mat = np.asarray(entry, dtype=np.float64)
+        except (TypeError, ValueError):
+            return None
+        if mat.ndim == 2:
+            return [str(i) for i in range(mat.shape[0])], [str(j) for j in range(mat.shape[1])], mat
+    return None
+
+
+def _block_norms(r: Result) -> dict:
+    bn = get(r.analysis, "weights", "block_sparsity", "block_norms")
+    if not isinstance(bn, dict):
+        return {}
+    out = {name: m for name, entry in bn.items() if (m := block_matrix(entry)) is not None}
+    return out
+
+
+def _theta_block_norms(r: Result, theta_inputs: list[Result]) -> dict:
+    """θ*'s block norms for the parameters of `r`: a θ* input of the batch, else θ* rebuilt from the
+    input itself (a recording's /theta_star, or theta_star for a checkpoint's config)."""
+    for t in theta_inputs:
+        norms = _block_norms(t)
+        if norms:
+            return norms
+    try:
+        theta, layout = _theta_and_layout(r, list(_block_norms(r)))
+    except Exception:  # noqa: BLE001 - no reference panel is better than no figure
+        return {}
+    from ..analyzers import weights
+
+    return {name: block_matrix(weights.block_norms(m, layout)) for name, m in theta.items()}
+
+
+def _theta_and_layout(r: Result, names: list[str]):
+    if r.input.kind == "recording":
+        from ..recording import Recording
+
+        with Recording(r.input.path) as rec:
+            return {k: v for k, v in rec.group("theta_star").items() if k in names}, rec.layout
+    from ..analyzers import analyze, inputs
+
+    config = json.loads((r.input.path / "config.json").read_text())
+    return analyze.theta_for_config(config, names), inputs.layout_from_config(config)
+
+
+def _heat(fig: Figure, ax, rows, cols, mat, title: str) -> None:
+    finite = mat[np.isfinite(mat)]
+    vmax = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    im = ax.imshow(mat, cmap="Blues", vmin=0.0, vmax=vmax, interpolation="nearest")
+    fig.colorbar(im, ax=ax, label="‖block‖_F")
+    ax.set_xticks(range(len(cols)), cols, rotation=45, ha="right", fontsize=7)
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.set_xlabel("column block")
+    ax.set_ylabel("row block")
+    ax.set_title(title, fontsize=9)
+    if mat.size <= 64:
+        for (i, j), v in np.ndenumerate(mat):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.2g}", ha="center", va="center", fontsize=6,
+                        color="white" if v > 0.6 * vmax else "black")
+
+
+def block_norm_figure(family: str, results: list[Result]) -> Figure | None:
+    """Learned block norms beside θ*'s, one row per parameter matrix."""
+    ok = [r for r in results if r.status == "ok"]
+    theta = [r for r in ok if is_theta_star(r) and _block_norms(r)]
+    learned = [r for r in representatives(ok) if not is_theta_star(r) and _block_norms(r)][:3]
+    if not learned and not theta:
+        return None
+    shown = learned or theta[:1]
+    reference = _theta_block_norms(shown[0], theta)
+    names = list(dict.fromkeys(n for r in shown for n in _block_norms(r)))[:6]
+    panels = 1 + len(shown) if learned else 1
+    fig = Figure(figsize=(max(7.5, 3.8 * panels), 3.4 * len(names) + 0.8), layout="constrained")
+    axes = fig.subplots(len(names), panels, squeeze=False)
+    for i, name in enumerate(names):
+        col = 0
+        if learned:
+            ax = axes[i, 0]
+            if name in reference:
+                _heat(fig, ax, *reference[name], f"{name}: θ* (construction)")
+            else:
+                ax.axis("off")
+                ax.text(0.5, 0.5, f"θ* block norms of {name}\nnot available", ha="center", va="center")
+            col = 1
+        for r in shown:
+            ax = axes[i, col]
+            norms = _block_norms(r)
+            if name in norms:
+                energy = num(get(r.analysis, "weights", "block_sparsity", "in_support_energy"))
+                extra = f"\nin-support energy {energy:.3f}" if energy is not None else ""
+                _heat(fig, ax, *norms[name], f"{name}: {label_of(r)}{extra}")
+            else:
+                ax.axis("off")
+            col += 1
+    fig.suptitle(f"{family}: block norms of the parameters, learned vs θ*\n"
+                 "good: the learned mass sits in the blocks θ* uses (in-support energy → 1)")
+    return fig
+
+
+# ------------------------------------------------------------------ value error
+def _reference_key(layer_rows: list[dict]) -> str | None:
+    """Name of a per-layer reference-algorithm value error, if the analyzer gives one."""
+    for row in layer_rows:
+        for k in row:
+            if k != "value_error" and "value_error" in k and ("reference" in k or "ref" in k.split("_")):
+                return k
+    return None
+
+
+def _positive(xs, ys):
+    keep = [(x, y) for x, y in zip(xs, ys) if y > 0]
+    return [x for x, _ in keep], [y for _, y in keep]
+
+
+def value_error_label(family: str) -> str:
+    """What `value_error` measures for a family (the analyzer's definition)."""
+    if family in ("sarsa", "actor-critic"):
+        return "distance to the teacher update ‖TF(H) − w_SARSA‖"
+    return "value error ‖v_l − v_π‖_∞ (reward units)"
+
+
+def value_error_depth_figure(family: str, results: list[Result]) -> Figure | None:
+    """‖v_l − v_π‖_∞ against layer, log scale; θ* dashed black, reference algorithm dotted."""
+    shown = [r for r in representatives([r for r in results if r.status == "ok"]) if layer_values(r, "value_error")[0]]
+    if not shown:
+        return None
+    shown = shown[:MAX_LINES]
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
+    ref_drawn = False
+    for r, color in zip(shown, _colors(len(shown))):
+        xs, ys = _positive(*layer_values(r, "value_error"))
+        theta = is_theta_star(r)
+        ax.plot(xs, ys, marker="o", color=THETA_STAR_COLOR if theta else color,
+                linestyle="--" if theta else "-", label=label_of(r))
+        ref = _reference_key(layers_of(r))
+        if ref and not ref_drawn:
+            rx, ry = _positive(*layer_values(r, ref))
+            if rx:
+                ax.plot(rx, ry, color=CONTROL_COLOR, linestyle=":", marker="x", label="reference algorithm (same prompts)")
+                ref_drawn = True
+    ax.set_yscale("log")
+    ax.set_xlabel("layer l (depth)")
+    ax.set_ylabel(value_error_label(family) + " (log)")
+    ax.set_title(f"{family}: value error against depth\ngood: falls geometrically with depth, like θ*")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def value_error_context_figure(family: str, results: list[Result]) -> Figure | None:
+    """Last-layer value error against context length n (needs ≥ 2 lengths)."""
+    points = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        n, v = r.input.meta.get("context_length"), last_layer(r, "value_error") if r.status == "ok" else None
+        if isinstance(n, int) and v is not None and v > 0:
+            points["θ* (construction)" if is_theta_star(r) else (r.source or "model")][n].append(v)
+    lengths = {n for series in points.values() for n in series}
+    if len(lengths) < 2:
+        return None
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for (name, series), color in zip(sorted(points.items()), _colors(len(points))):
+        theta = name.startswith("θ*")
+        ns = sorted(series)
+        means = [float(np.mean(series[n])) for n in ns]
+        color = THETA_STAR_COLOR if theta else color
+        for n in ns:
+            ax.scatter([n] * len(series[n]), series[n], color=color, alpha=0.35, s=12)
+        ax.plot(ns, means, marker="o", color=color, linestyle="--" if theta else "-", label=f"{name} (mean)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("context length n (transitions, log)")
+    ax.set_ylabel("last-layer value error ‖v_L − v_π‖_∞ (log)")
+    ax.set_title(f"{family}: value error against context length\ngood: the floor shrinks as n grows (≈ 1/√n)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+# ------------------------------------------------------------------ TD probe
+def control_values(r: Result) -> tuple[list[int], list[float]]:
+    """Shuffled-label R² per layer: the primary probe's `r2_shuffled` (analyzer layout
+    layer.td_probe[hook].r2_shuffled with hook = layer.td_probe_hook), else a flat `*shuffle*` key."""
+    xs, ys = [], []
+    for layer in layers_of(r):
+        v = num(get(layer, "td_probe", layer.get("td_probe_hook") or "", "r2_shuffled"))
+        if v is None:
+            v = next((num(x) for k, x in layer.items() if "shuffle" in k and num(x) is not None), None)
+        if v is not None:
+            xs.append(layer["layer"])
+            ys.append(v)
+    return xs, ys
+
+
+def td_probe_figure(family: str, results: list[Result]) -> Figure | None:
+    """Held-out R² of the linear TD-error probe per layer, with the shuffled-label control."""
+    shown = [r for r in representatives([r for r in results if r.status == "ok"]) if layer_values(r, "td_probe_r2")[0]]
+    if not shown:
+        return None
+    shown = shown[:MAX_LINES]
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
+    control_seen = False
+    lows = [0.0]
+    for r, color in zip(shown, _colors(len(shown))):
+        theta = is_theta_star(r)
+        color = THETA_STAR_COLOR if theta else color
+        xs, ys = layer_values(r, "td_probe_r2")
+        lows.extend(ys)
+        ax.plot(xs, ys, marker="o", color=color, linestyle="--" if theta else "-", label=label_of(r))
+        cx, cy = control_values(r)
+        if cx:
+            lows.extend(cy)
+            ax.plot(cx, cy, marker="x", color=color, linestyle=":", alpha=0.8,
+                    label="shuffled-label control" if not control_seen else None)
+            control_seen = True
+    ax.axhline(1.0, color=THETA_STAR_COLOR, linewidth=0.8, linestyle="--", alpha=0.6)
+    ax.axhline(0.0, color=CONTROL_COLOR, linewidth=1.0, label=None if control_seen else "control level (R² = 0)")
+    ax.set_ylim(max(-1.0, min(lows) - 0.05), 1.05)
+    ax.set_xlabel("layer l")
+    ax.set_ylabel("held-out R² (dimensionless)")
+    ax.set_title(f"{family}: linear probe for the TD error δ per layer\n"
+                 "good: R² near 1 (θ* reaches > 0.99) while the shuffled control stays ≈ 0")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+# ------------------------------------------------------------------ training trends
+TREND_METRICS = [
+    # (title, y label, extractor, reference value for θ*, log scale)
+    ("in-support energy", "fraction of squared norm", lambda r: num(get(r.analysis, "weights", "block_sparsity", "in_support_energy")), 1.0, False),
+    ("manifold gauge cosine", "cosine (1 = θ* up to scale)", lambda r: num(get(r.analysis, "weights", "manifold", "gauge_cosine")), 1.0, False),
+    ("manifold relative error (max over blocks)", "relative error (log; θ* = 0)", max_rel_err, None, True),
+    ("lazy-block drift ‖P22‖, ‖V̄22‖", "norm (θ* = 0)", lambda r: num(get(r.analysis, "weights", "block_sparsity", "lazy_drift")), 0.0, False),
+    ("TD-probe R² (last layer)", "held-out R²", lambda r: last_layer(r, "td_probe_r2"), 1.0, False),
+    ("value error (last layer)", "‖v_L − v_π‖_∞ (log)", lambda r: last_layer(r, "value_error"), None, True),
+]
+
+
+def _series(results: list[Result]) -> dict[str, dict[str, dict[int, Result]]]:
+    """series label -> run -> step -> result, for inputs that know their training run and step."""
+    out: dict = defaultdict(lambda: defaultdict(dict))
+    trained = [r for r in results if r.status == "ok" and not is_theta_star(r)
+               and r.input.meta.get("run_id") is not None and isinstance(r.input.meta.get("step"), int)]
+    configs = {r.input.meta.get("series") for r in trained}
+    for r in trained:
+        label = f"{r.input.kind}s" + (f", config {r.input.meta.get('series')}" if len(configs) > 1 else "")
+        out[label][str(r.input.meta["run_id"])][r.input.meta["step"]] = r
+    return out
+
+
+def _band(ax, runs: dict[str, dict[int, Result]], value, color, label: str, log: bool, band_label: bool = True) -> bool:
+    """Mean ± std across runs (seeds) at each step, individual runs as thin lines."""
+    per_step = defaultdict(list)
+    for steps in runs.values():
+        xs, ys = [], []
+        for s in sorted(steps):
+            v = value(steps[s])
+            if v is not None and (v > 0 or not log):
+                xs.append(s)
+                ys.append(v)
+                per_step[s].append(v)
+        if xs and len(runs) > 1:
+            ax.plot(xs, ys, color=color, alpha=0.25, linewidth=0.8)
+    if not per_step:
+        return False
+    steps = sorted(per_step)
+    mean = np.array([np.mean(per_step[s]) for s in steps])
+    std = np.array([np.std(per_step[s]) for s in steps])
+    ax.plot(steps, mean, color=color, marker="o", markersize=3, label=f"{label} (mean of {len(runs)} seed{'s' * (len(runs) > 1)})")
+    if len(runs) > 1:
+        lo = np.maximum(mean - std, mean * 0.1) if log else mean - std
+        ax.fill_between(steps, lo, mean + std, color=color, alpha=0.2, label="± 1 std across seeds" if band_label else None)
+    return True
+
+
+def training_figure(family: str, results: list[Result]) -> Figure | None:
+    """Metrics over training steps (mean ± std across seeds), each with θ*'s value as reference."""
+    series = _series(results)
+    if not series:
+        return None
+    panels = []
+    layers = sorted({l for s in series.values() for run in s.values() for r in run.values() for l in kernel_mins(r)})
+    if layers:
+        panels.append(("kernel",))
+    for spec in TREND_METRICS:
+        if any(spec[2](r) is not None for s in series.values() for run in s.values() for r in run.values()):
+            panels.append(spec)
+    if not panels:
+        return None
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(5.2 * cols, 3.8 * rows + 0.8), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax in axes[len(panels):]:
+        ax.axis("off")
+    colors = _colors(max(len(series), len(layers), 1))
+    for ax, spec in zip(axes, panels):
+        if spec[0] == "kernel":
+            thresholds = []
+            for i, (layer, color) in enumerate(zip(layers[:MAX_LAYERS], colors)):
+                def value(r, layer=layer):
+                    mn, threshold = kernel_mins(r).get(layer, (None, None))
+                    if threshold is not None:
+                        thresholds.append(threshold)
+                    return mn
+                for label, runs in series.items():
+                    _band(ax, runs, value, color, f"layer {layer}" + (f" {label}" if len(series) > 1 else ""), False,
+                          band_label=i == 0)
+            if thresholds:
+                ax.axhline(float(np.median(thresholds)), color="red", linestyle="--",
+                           label=f"(1+γ)/2 = {np.median(thresholds):.3f} (contraction threshold)")
+            ax.set_title("kernel diagonality: min_s M(s, s) per layer\n(M̂ from recordings, else M_π from weights); good: above the red line")
+            ax.set_ylabel("min diagonal of the kernel (probability)")
+        else:
+            title, ylabel, value, ref, log = spec
+            for (label, runs), color in zip(series.items(), colors):
+                _band(ax, runs, value, color, label, log)
+            if ref is not None:
+                ax.axhline(ref, color=THETA_STAR_COLOR, linestyle="--", linewidth=1, label=f"θ* = {ref:g}")
+            if log:
+                ax.set_yscale("log")
+            ax.set_title(title)
+            ax.set_ylabel(ylabel)
+        ax.set_xlabel("training step (optimizer steps)")
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+    fig.suptitle(f"{family}: metrics over training (mean ± std across seeds; θ* reference dashed)")
+    return fig
+
+
+# ------------------------------------------------------------------ driver
+FAMILY_FIGURES = [
+    ("training", "Metrics over training steps", training_figure,
+     "Each panel: one metric of the checkpoints (or recordings) of training runs, mean ± one standard "
+     "deviation across seeds at each step; the dashed line is the value θ* attains; in the kernel panel the "
+     "red dashed line is the contraction threshold (1+γ)/2 of Assumption 5.1."),
+    ("block-norms", "Block norms: learned parameters vs θ*", block_norm_figure,
+     "Frobenius norm of each (row block, column block) of every parameter matrix, cut by the prompt layout. "
+     "Left: θ*. A model that learned the construction puts its mass in the same blocks (up to the scale gauge)."),
+    ("value-error-depth", "Value error against depth", value_error_depth_figure,
+     "Policy-evaluation error after each layer (log scale). θ* dashed black; the reference algorithm dotted grey "
+     "when the analysis provides it."),
+    ("value-error-context", "Value error against context length", value_error_context_figure,
+     "Last-layer value error against the number of context transitions: points are inputs, lines their means."),
+    ("td-probe", "TD-error probe R² per layer", td_probe_figure,
+     "Held-out R² (split by task) of a ridge probe from the activations to the reference TD error δ. "
+     "Dotted: the same probe on shuffled labels, which must stay near 0."),
+]
+
+
+def make_figures(results: list[Result], report_dir: Path, svg: bool = False, max_recordings: int = 12,
+                 log=None) -> list[FigureInfo]:
+    """Draw everything the inputs support into `<report_dir>/figures/`; never raises on odd input."""
+    fig_dir = Path(report_dir) / "figures"
+    if fig_dir.is_dir():  # stale figures of an earlier report must not survive
+        for old in fig_dir.glob("*"):
+            if old.suffix in (".png", ".svg") and old.is_file():
+                old.unlink()
+    by_family: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        if r.status == "ok":
+            by_family[r.family].append(r)
+    infos: list[FigureInfo] = []
+
+    def draw(info: FigureInfo, build, *args) -> None:
+        try:
+            fig = build(*args)
+            if fig is None:
+                return
+            info.files = _save(fig, fig_dir, info.key, svg)
+        except Exception as e:  # noqa: BLE001 - a figure that cannot be drawn is reported, not fatal
+            info.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if log:
+                log(f"figure {info.key}: {info.error}")
+        infos.append(info)
+
+    for family in sorted(by_family):
+        rs = by_family[family]
+        for key, title, build, caption in FAMILY_FIGURES:
+            draw(FigureInfo(family, f"{_slug(family)}-{key}", title, caption), build, family, rs)
+        recs = [r for r in representatives(rs) if r.input.kind == "recording"]
+        for i, r in enumerate(recs[:max_recordings]):
+            draw(FigureInfo(family, f"{_slug(family)}-attention-{i:03d}-{r.sha256[:8]}",
+                            f"Attention and kernel M̂: {label_of(r)}",
+                            "Top: softmax attention of the first prompt (mean over heads). Bottom: the state-aggregated "
+                            "kernel M̂(s, s') averaged over all prompts; under Assumption 5.1 every diagonal entry exceeds "
+                            "(1+γ)/2 (boxed in red where it does not)."),
+                 attention_figure, r)
+        if len(recs) > max_recordings:
+            infos.append(FigureInfo(family, f"{_slug(family)}-attention-more", "More recordings",
+                                    f"{len(recs) - max_recordings} further recordings not drawn (raise --max-recordings)."))
+    return infos

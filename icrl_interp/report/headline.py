@@ -1,0 +1,77 @@
+"""The handful of numbers per input that the summary table shows (HTML page and terminal).
+
+Kernel diagonality is summarised by its worst layer (min over layers of min_s M(s,s), and the
+margin of that layer; M̂ from a recording, else the population kernel M_π of a checkpoint); the probe R² and value error by the last layer.
+"""
+from __future__ import annotations
+
+from .batch import Result
+from .fields import get, kernel_mins, label_of, layers_of, max_rel_err, num
+
+# (column key, header, format)
+COLUMNS = [
+    ("label", "input", "{}"),
+    ("family", "family", "{}"),
+    ("source", "source", "{}"),
+    ("status", "status", "{}"),
+    ("in_support_energy", "in-support energy", "{:.3f}"),
+    ("manifold_rel_err", "manifold rel. err (max)", "{:.3g}"),
+    ("gauge_cosine", "gauge cosine", "{:.3f}"),
+    ("sign_pattern", "sign pattern", "{}"),
+    ("lazy_drift", "lazy drift", "{:.3g}"),
+    ("kernel_min", "min kernel diag", "{:.3f}"),
+    ("kernel_margin", "margin vs (1+γ)/2", "{:+.3f}"),
+    ("td_probe_r2", "TD-probe R² (last layer)", "{:.3f}"),
+    ("value_error", "value error (last layer)", "{:.3g}"),
+]
+
+
+def headline(r: Result) -> dict:
+    """Raw values for COLUMNS (None where the analysis lacks them)."""
+    a = r.analysis or {}
+    out = {
+        "label": label_of(r),
+        "family": r.family,
+        "source": r.source,
+        "status": r.status,
+        "in_support_energy": num(get(a, "weights", "block_sparsity", "in_support_energy")),
+        "manifold_rel_err": max_rel_err(r),
+        "gauge_cosine": num(get(a, "weights", "manifold", "gauge_cosine")),
+        "sign_pattern": get(a, "weights", "sign_pattern") if isinstance(get(a, "weights", "sign_pattern"), str) else None,
+        "lazy_drift": num(get(a, "weights", "block_sparsity", "lazy_drift")),
+        "kernel_min": None,
+        "kernel_margin": None,
+        "td_probe_r2": None,
+        "value_error": None,
+    }
+    layers = layers_of(r)
+    kernels = kernel_mins(r)
+    if kernels:
+        mn, threshold = min(kernels.values(), key=lambda v: v[0])
+        out["kernel_min"], out["kernel_margin"] = mn, None if threshold is None else mn - threshold
+    for key in ("td_probe_r2", "value_error"):
+        vals = [num(layer.get(key)) for layer in layers if num(layer.get(key)) is not None]
+        out[key] = vals[-1] if vals else None
+    return out
+
+
+def formatted(r: Result) -> dict[str, str]:
+    """COLUMNS as display strings ('—' where absent)."""
+    raw = headline(r)
+    return {key: "—" if raw[key] in (None, "") else fmt.format(raw[key]) for key, _, fmt in COLUMNS}
+
+
+def text_table(results: list[Result], width: int = 28) -> str:
+    """A plain-text table for the terminal, failed inputs listed with their reasons below it."""
+    rows = [formatted(r) for r in results]
+    cols = [(k, h) for k, h, _ in COLUMNS]
+    for row in rows:
+        row["label"] = row["label"] if len(row["label"]) <= width else "…" + row["label"][-(width - 1):]
+    widths = {k: max(len(h), *(len(row[k]) for row in rows)) if rows else len(h) for k, h in cols}
+    lines = ["  ".join(h.ljust(widths[k]) for k, h in cols)]
+    lines += ["  ".join(row[k].ljust(widths[k]) for k, _ in cols) for row in rows]
+    failed = [r for r in results if r.status != "ok"]
+    if failed:
+        lines.append("")
+        lines += [f"FAILED {r.input.path}: {r.error}" for r in failed]
+    return "\n".join(lines)

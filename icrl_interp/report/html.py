@@ -1,0 +1,120 @@
+"""`index.html`: one self-contained page, no JavaScript, no network.
+
+Figures are referenced relatively (`figures/<name>.png`, beside the page) or, with `embed=True`,
+inlined as base64 data URIs so the page is a single file.
+"""
+from __future__ import annotations
+
+import base64
+from collections import Counter, defaultdict
+from html import escape
+from pathlib import Path
+
+from .._version import __version__
+from .batch import Result
+from .figures import FigureInfo
+from .headline import COLUMNS, formatted
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2em auto;max-width:1400px;
+     padding:0 1em;color:#222;background:#fff}
+h1{margin-bottom:.2em} h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;font-size:13px;margin:1em 0}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;vertical-align:top}
+th{background:#f3f3f3;position:sticky;top:0}
+td.l,th.l{text-align:left} tr.failed td{background:#fde8e8}
+.fig{margin:1.5em 0} .fig img{max-width:100%;height:auto;border:1px solid #eee}
+.caption{color:#555;font-size:13px;max-width:60em} .err{color:#b00}
+.muted{color:#777;font-size:13px} code{background:#f6f6f6;padding:0 3px}
+nav a{margin-right:1em}
+"""
+
+
+def _img_src(report_dir: Path, rel: str, embed: bool) -> str:
+    if not embed:
+        return escape(rel, quote=True)
+    data = (report_dir / rel).read_bytes()
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def _table(results: list[Result]) -> str:
+    head = "".join(f'<th class="{"l" if i < 4 else ""}">{escape(h)}</th>' for i, (_, h, _) in enumerate(COLUMNS))
+    body = []
+    for r in results:
+        cells = formatted(r)
+        tds = "".join(f'<td class="{"l" if i < 4 else ""}">{escape(cells[k])}</td>' for i, (k, _, _) in enumerate(COLUMNS))
+        title = escape(str(r.input.path), quote=True)
+        row = f'<tr class="{r.status}" title="{title}">{tds}</tr>'
+        if r.status != "ok":
+            row += f'<tr class="failed"><td class="l err" colspan="{len(COLUMNS)}">{escape(str(r.input.path))}: {escape(r.error)}</td></tr>'
+        body.append(row)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _figure(info: FigureInfo, report_dir: Path, embed: bool) -> str:
+    parts = [f'<div class="fig" id="{escape(info.key, quote=True)}"><h3>{escape(info.title)}</h3>']
+    if info.error:
+        parts.append(f'<p class="err">This figure could not be drawn: {escape(info.error)}</p>')
+    pngs = [f for f in info.files if f.endswith(".png")]
+    for rel in pngs:
+        parts.append(f'<img src="{_img_src(report_dir, rel, embed)}" alt="{escape(info.title, quote=True)}">')
+    svgs = [f for f in info.files if f.endswith(".svg")]
+    if svgs and not embed:
+        parts.append(" ".join(f'<a href="{escape(s, quote=True)}">SVG</a>' for s in svgs))
+    parts.append(f'<p class="caption">{escape(info.caption)}</p></div>')
+    return "".join(parts)
+
+
+def _anchor(family: str) -> str:
+    return "family-" + "".join(c if c.isalnum() else "-" for c in family)
+
+
+def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, title: str = "icrl-interp report",
+           embed: bool = False) -> str:
+    """The page as a string (images must already be written when `embed` is true)."""
+    report_dir = Path(report_dir)
+    families = sorted({r.family for r in results})
+    counts = Counter((r.family, r.status) for r in results)
+    n_failed = sum(r.status != "ok" for r in results)
+    figs_by_family: dict[str, list[FigureInfo]] = defaultdict(list)
+    for f in figures:
+        figs_by_family[f.family].append(f)
+
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{escape(title)}</title>",
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>{escape(title)}</h1>",
+        f'<p class="muted">{len(results)} inputs, {len(results) - n_failed} analyzed, {n_failed} failed. '
+        f"icrl_interp {escape(__version__)}. Machine-readable: "
+        '<a href="summary.json">summary.json</a>, <a href="summary.csv">summary.csv</a>.</p>',
+        "<nav>" + "".join(f'<a href="#{_anchor(f)}">{escape(f)}</a>' for f in families) + "</nav>",
+        "<h2>Overview</h2><table><thead><tr><th class=\"l\">family</th><th>inputs</th><th>analyzed</th><th>failed</th>"
+        "</tr></thead><tbody>",
+    ]
+    for fam in families:
+        ok, total = counts[(fam, "ok")], sum(v for (f, _), v in counts.items() if f == fam)
+        out.append(f'<tr><td class="l"><a href="#{_anchor(fam)}">{escape(fam)}</a></td><td>{total}</td>'
+                   f"<td>{ok}</td><td>{total - ok}</td></tr>")
+    out.append("</tbody></table>")
+    out.append(
+        '<p class="caption">What good looks like: in-support energy 1, manifold relative error 0 and gauge '
+        "cosine 1 (θ* up to the scale gauge), sign pattern <code>+,+,-</code> (R + γv′ − v), lazy drift 0, "
+        "kernel-diagonality margin above 0 (every min_s M̂(s,s) above (1+γ)/2), TD-probe R² near 1, and "
+        "small value error. Worst layer for the kernel; last layer for the probe and the value error.</p>"
+    )
+    out.append("<h2>All inputs</h2>")
+    out.append(_table(results))
+    for fam in families:
+        members = [r for r in results if r.family == fam]
+        out.append(f'<h2 id="{_anchor(fam)}">Family: {escape(fam)}</h2>')
+        out.append(f'<p class="muted">{len(members)} inputs.</p>')
+        drawn = figs_by_family.get(fam, [])
+        if not drawn:
+            out.append('<p class="muted">No figure: these inputs hold none of the fields the figures need.</p>')
+        for info in drawn:
+            out.append(_figure(info, report_dir, embed))
+    out.append("</body></html>\n")
+    return "\n".join(out)
