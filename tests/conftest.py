@@ -8,6 +8,15 @@ import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+try:
+    import torch
+
+    # the tests run small batched products, where torch's own threading on a
+    # shared 2-core machine costs far more than it gains
+    torch.set_num_threads(1)
+except ImportError:  # pragma: no cover
+    pass
+
 
 @pytest.fixture(autouse=True)
 def seed_everything():

@@ -1,0 +1,31 @@
+"""Hooked models of the three constructions, and their theta*.
+
+`ModelConfig` is light (no torch); everything else is imported on first use, so
+`import icrl_interp.models` never pulls in torch or transformer_lens by itself.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .config import ACTIVATIONS, DTYPES, SOFTMAX_FORMS, ModelConfig
+
+_LAZY = {
+    "build_model": ".build",
+    "empty_model": ".build",
+    "MODEL_CLASSES": ".build",
+    "theta_star_model": ".theta",
+    "register_theta_star": ".theta",
+    "ICRLModel": ".base",
+    "LinearTDModel": ".linear_td",
+    "SoftmaxTDModel": ".softmax_td",
+    "LSAModel": ".lsa",
+    "associative_is_cheaper": ".linear_attention",
+}
+
+__all__ = ["ModelConfig", "ACTIVATIONS", "DTYPES", "SOFTMAX_FORMS", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
