@@ -94,26 +94,6 @@ class _Buffers:
                 "compression": rule.compression}
 
 
-def _theta_star_for(config: dict, names: list[str]) -> dict[str, np.ndarray]:
-    """theta* of the checkpoint's family under the same parameter names (empty for generic models)."""
-    family, d = config.get("family"), config.get("d")
-    if family == "linear-td":
-        mats = theta_star.linear_td(d, config.get("alpha", 1.0))
-    elif family == "softmax-td":
-        origin = config.get("origin") or {}
-        mats = theta_star.softmax_td(d, config.get("alpha", 1.0), config["gamma"], origin.get("score_scale", 1.0))
-    elif family == "sarsa":
-        mats = theta_star.sarsa(d, config.get("alpha", 1.0), 1.0)
-    else:
-        return {}
-    out = {}
-    for name in names:
-        key = name.rsplit(".", 1)[-1]
-        if key in mats:
-            out[name] = mats[key]
-    return out
-
-
 def _versions() -> dict[str, str]:
     import importlib.metadata as md
 
@@ -190,7 +170,7 @@ def record(
         if start_at % batch_size and start_at != source.n_total:
             raise UserError(f"cannot resume: {start_at} prompts done is not a whole number of batches of {batch_size}")
         writer.write_static("params", {n: params[n].detach().cpu().double().numpy() for n in param_names})
-        writer.write_static("theta_star", _theta_star_for(config, param_names))
+        writer.write_static("theta_star", theta_star.for_config(config, param_names))
         # Two buffer sets: the forward pass of batch i+1 fills one while a writer
         # thread streams batch i from the other (torch releases the GIL while it
         # computes, so the write hides behind the forward on a second core).

@@ -74,3 +74,27 @@ def sarsa(d: int, alpha: float = 1.0, c: float = 1.0) -> dict[str, np.ndarray]:
     V = np.zeros((D, D))
     V[2 * d + 1 :, : 2 * d + 1] = V21 / c
     return {"P": P, "V": V}
+
+
+def for_config(config: dict, names) -> dict[str, np.ndarray]:
+    """theta* of a checkpoint config's family, under the given parameter names.
+
+    Each name's last component (`blocks.0.attn.P` -> `P`) picks the matrix; names
+    without a counterpart, and families without a construction, are left out.
+    """
+    family, d = config.get("family"), int(config.get("d", 0) or 0)
+    alpha = float(config.get("alpha", 1.0) or 1.0)
+    if family == "linear-td":
+        mats = linear_td(d, alpha)
+    elif family == "softmax-td":
+        origin = config.get("origin") or {}
+        mats = softmax_td(d, alpha, float(config.get("gamma", 0.9)), float(origin.get("score_scale", 1.0)))
+    elif family == "sarsa":
+        mats = sarsa(d, alpha, 1.0)
+    elif family == "actor-critic" and config.get("m"):
+        from . import actor_critic  # numpy-only construction module
+
+        mats = actor_critic.theta_star(d, int(config["m"]), *actor_critic.steps_of(config))
+    else:
+        return {}
+    return {name: mats[name.rsplit(".", 1)[-1]] for name in names if name.rsplit(".", 1)[-1] in mats}

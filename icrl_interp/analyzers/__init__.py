@@ -1,0 +1,12 @@
+"""Analyzers: numpy / scikit-learn metrics on checkpoints and HDF5 recordings.
+
+Nothing here imports torch or transformer_lens. Modules, one idea each:
+weights (block sparsity, scaling manifold, sign pattern, TL heads), kernel
+(kernel diagonality), td_probe (streaming ridge probes), convergence (value
+error, VD/SS/IWS), inputs (input kinds, chunked reading), analyze (the JSON
+contract, batches in parallel processes).
+"""
+from .analyze import SCHEMA, AnalyzeOptions, analyze, analyze_many
+from . import convergence, kernel, td_probe, weights
+
+__all__ = ["SCHEMA", "AnalyzeOptions", "analyze", "analyze_many", "convergence", "kernel", "td_probe", "weights"]

@@ -1,0 +1,206 @@
+"""What an analyzer input is, and how to read a recording in chunks of prompts.
+
+Inputs: a checkpoint directory (config.json + model.safetensors), an HDF5
+recording (docs/recording-format.md), or a `.safetensors` file of
+TransformerLens weights (analyzed with a user-supplied layout). A directory that
+is not a checkpoint is searched for checkpoints and recordings.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..errors import UserError
+from ..layouts import PromptLayout, layout_for
+
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+RECORDING_SUFFIXES = (".h5", ".hdf5")
+
+
+def is_checkpoint(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+
+
+def input_kind(path) -> str:
+    """'checkpoint', 'recording' or 'tl-weights'; UserError for anything else."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such file or directory")
+    if path.is_dir():
+        if is_checkpoint(path):
+            return "checkpoint"
+        raise UserError(f"{path}: a directory but not a checkpoint (needs config.json and model.safetensors)")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head == HDF5_MAGIC:
+        return "recording"
+    if path.suffix == ".safetensors":
+        return "checkpoint" if path.name == "model.safetensors" and is_checkpoint(path.parent) else "tl-weights"
+    raise UserError(f"{path}: neither a checkpoint directory, an HDF5 recording nor a .safetensors file")
+
+
+def expand_inputs(paths) -> list[str]:
+    """Each path as given, except directories that are not checkpoints: those expand to the
+    checkpoints and recordings found below them (sorted); an empty directory stays as is (and fails)."""
+    out: list[str] = []
+    for p in map(Path, paths):
+        if p.is_dir() and not is_checkpoint(p):
+            found = []
+            for root, dirs, files in os.walk(p):
+                dirs.sort()
+                r = Path(root)
+                if is_checkpoint(r):
+                    found.append(str(r))
+                    dirs[:] = []
+                    continue
+                found.extend(str(r / f) for f in sorted(files) if f.endswith(RECORDING_SUFFIXES))
+            out.extend(sorted(found) or [str(p)])
+        else:
+            out.append(str(p))
+    return out
+
+
+def layout_from_dict(data: dict) -> PromptLayout:
+    """PromptLayout.from_dict with a one-line error for a non-dict (from_dict orders blocks by row)."""
+    if not isinstance(data, dict):
+        raise UserError(f"malformed prompt layout: {data!r}")
+    return PromptLayout.from_dict(data)
+
+
+def layout_from_config(config: dict) -> PromptLayout:
+    """The checkpoint's layout (config['layout']), else the family's default for its dimensions."""
+    raw = config.get("layout")
+    if isinstance(raw, dict) and "blocks" in raw:
+        return layout_from_dict({"family": config.get("family"), **raw})
+    try:
+        return layout_for(config["family"], int(config["d"]), config.get("m"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"checkpoint config lacks what the layout needs: {e!r}") from None
+
+
+def read_layout_file(path) -> PromptLayout:
+    """A layout JSON file (PromptLayout.to_dict format)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read layout file {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"layout file {path} must hold a JSON object")
+    return layout_from_dict(data)
+
+
+def positions(attrs, shape: tuple[int, ...], axis: int, pos: int, name: str) -> np.ndarray:
+    """Absolute positions held along `axis` of a recorded hook (its 'positions' slice attribute)."""
+    raw = attrs.get("positions", attrs.get("pos_slice", ":"))
+    raw = raw.decode() if isinstance(raw, bytes) else str(raw)
+    if raw in ("", ":", "None", "null"):
+        sl = slice(None)
+    else:
+        try:
+            parts = raw.split(":")
+            if len(parts) not in (2, 3):
+                raise ValueError
+            sl = slice(*(int(p) if p.strip() else None for p in parts))
+        except ValueError:
+            raise UserError(f"hook {name}: cannot parse its positions attribute {raw!r}") from None
+    idx = np.arange(pos)[sl]
+    if len(idx) != shape[axis]:
+        raise UserError(f"hook {name}: axis {axis} has {shape[axis]} positions but its positions {raw!r} "
+                        f"of a {pos}-position prompt give {len(idx)}")
+    return idx
+
+
+def chunk_rows(bytes_per_prompt: int, budget_bytes: int, n_prompts: int) -> int:
+    """Prompts per chunk: within the memory budget, at least 2, and even (pairs stay together)."""
+    rows = max(2, int(budget_bytes // max(bytes_per_prompt, 1)))
+    rows -= rows % 2
+    return max(2, min(rows, n_prompts + n_prompts % 2))
+
+
+class ReadAhead:
+    """Asks the OS to fetch the file regions of the next prompts while the current ones are analyzed.
+
+    The byte ranges come from the HDF5 chunk index of every dataset read, so the
+    hint is exact; `posix_fadvise(WILLNEED)` returns at once and the kernel reads
+    in the background. A no-op where the platform or the layout does not allow it.
+    """
+
+    def __init__(self, path, datasets):
+        self.fd = None
+        spans = []
+        if not hasattr(os, "posix_fadvise"):
+            return
+        try:
+            for ds in datasets:
+                if ds.chunks is None:
+                    continue
+                for i in range(ds.id.get_num_chunks()):
+                    info = ds.id.get_chunk_info(i)
+                    if info.byte_offset is not None:
+                        row = info.chunk_offset[0]
+                        spans.append((row, row + ds.chunks[0], info.byte_offset, info.size))
+            self.fd = os.open(path, os.O_RDONLY)
+        except (AttributeError, OSError, RuntimeError):  # old HDF5, odd layout: just read normally
+            return
+        spans.sort(key=lambda t: t[2])
+        self.first, self.last, self.offset, self.size = (np.array(col, dtype=np.int64).reshape(-1)
+                                                         for col in zip(*spans)) if spans else ([],) * 4
+
+    def hint(self, start: int, stop: int) -> None:
+        """Prefetch the chunks holding prompts [start, stop), merged into contiguous byte ranges."""
+        if self.fd is None or not len(self.offset):
+            return
+        pick = (self.first < stop) & (self.last > start)
+        off, size = self.offset[pick], self.size[pick]
+        if not off.size:
+            return
+        end = off + size
+        # coalesce ranges separated by less than 1 MiB (the file is written batch by batch)
+        breaks = np.nonzero(off[1:] - np.maximum.accumulate(end)[:-1] > 2**20)[0] + 1
+        for a, b in zip(np.split(off, breaks), np.split(end, breaks)):
+            os.posix_fadvise(self.fd, int(a[0]), int(b.max() - a[0]), os.POSIX_FADV_WILLNEED)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False) -> Iterator[tuple[int, int, dict]]:
+    """(start, stop, {path: rows}) for consecutive chunks of prompts (bfloat16 decoded to float32).
+
+    Dataset handles and their dtype attributes are looked up once, not per chunk, and
+    the next chunk is prefetched (ReadAhead) while the caller works on this one.
+    """
+    from tqdm.auto import tqdm
+
+    from ..recording import BF16, bf16_to_float32
+
+    N = rec.n_prompts
+    handles = {}
+    for p in paths:
+        if p not in rec.f:
+            raise UserError(f"{rec.path}: recording has no {p}")
+        ds = rec.f[p]
+        dtype = ds.attrs.get("dtype", "")
+        handles[p] = (ds, (dtype.decode() if isinstance(dtype, bytes) else str(dtype)) == BF16)
+    ahead = ReadAhead(rec.path, [ds for ds, _ in handles.values()])
+    bar = tqdm(total=N, unit="prompt", desc=f"analyze {rec.path.name}", disable=not progress, leave=False)
+    try:
+        ahead.hint(0, rows)
+        for start in range(0, N, rows):
+            stop = min(start + rows, N)
+            data = {}
+            for p, (ds, bf16) in handles.items():
+                raw = ds[start:stop]
+                data[p] = bf16_to_float32(raw) if bf16 else raw
+            ahead.hint(stop, stop + rows)
+            yield start, stop, data
+            bar.update(stop - start)
+    finally:
+        bar.close()
+        ahead.close()

@@ -1,0 +1,371 @@
+"""Weight analyzers: block sparsity, scaling-manifold alignment, sign pattern, TL-head conversion.
+
+Everything acts on parameter matrices in the prompt basis (constructions.md): a
+score matrix S with score(source i, target j) = z_i^T S z_j and a value map V
+acting on column vectors. A matrix is cut into (row block, column block) pieces by
+a `PromptLayout`. The *support* of a parameter is the set of blocks where the
+family's theta* is non-zero; it is derived from theta*, never hard-coded.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+from jaxtyping import Bool, Float
+
+from ..errors import UserError
+from ..layouts import PromptLayout
+
+Array = np.ndarray
+
+SIGN_REL_TOL = 1e-3
+"""An entry counts as 0 in a sign pattern when |x| <= SIGN_REL_TOL * max |row|."""
+
+_PARAM = re.compile(r"^blocks\.(\d+)\.attn\.(\w+)$")
+
+
+# ------------------------------------------------------------------ helpers
+def cosine(a, b) -> float:
+    """Cosine of two arrays flattened; NaN when either is zero."""
+    a, b = np.ravel(np.asarray(a, dtype=np.float64)), np.ravel(np.asarray(b, dtype=np.float64))
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 or nb == 0.0:
+        return math.nan
+    return float(a @ b) / (na * nb)
+
+
+def rel_err(learned, target) -> float:
+    """||learned - target||_F / ||target||_F (NaN for a zero target)."""
+    target = np.asarray(target, dtype=np.float64)
+    nt = float(np.linalg.norm(target))
+    return math.nan if nt == 0.0 else float(np.linalg.norm(np.asarray(learned, dtype=np.float64) - target)) / nt
+
+
+def check_fits(name: str, matrix: np.ndarray, layout: PromptLayout) -> np.ndarray:
+    """A parameter must be a finite d_model x d_model matrix of the layout."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    D = layout.d_model
+    if matrix.shape != (D, D):
+        raise UserError(f"parameter {name} has shape {tuple(matrix.shape)}, but the {layout.family} layout "
+                        f"has d_model = {D} (expected ({D}, {D})); the layout does not fit the matrices")
+    if not np.all(np.isfinite(matrix)):
+        raise UserError(f"parameter {name} contains NaN or Inf")
+    return matrix
+
+
+def split_param_name(name: str) -> tuple[int, str]:
+    """'blocks.3.attn.P' -> (3, 'P'); UserError for other names."""
+    m = _PARAM.match(name)
+    if not m:
+        raise UserError(f"parameter name {name!r} is not of the form blocks.<layer>.attn.<name>")
+    return int(m.group(1)), m.group(2)
+
+
+# ------------------------------------------------------------ block sparsity
+def block_norm_matrix(matrix: Float[Array, "D D2"], layout: PromptLayout) -> Float[Array, "nb nb2"]:
+    """Frobenius norm of every (row block, column block) piece, in layout order."""
+    names = layout.names
+    out = np.zeros((len(names), len(names)))
+    for a, r in enumerate(names):
+        for b, c in enumerate(names):
+            out[a, b] = np.linalg.norm(matrix[layout.slice(r), layout.slice(c)])
+    return out
+
+
+def block_norms(matrix: Float[Array, "D D2"], layout: PromptLayout) -> dict:
+    """{row block: {column block: Frobenius norm}}."""
+    norms = block_norm_matrix(matrix, layout)
+    return {r: {c: float(norms[a, b]) for b, c in enumerate(layout.names)} for a, r in enumerate(layout.names)}
+
+
+def support(theta: Float[Array, "D D2"], layout: PromptLayout) -> Bool[Array, "nb nb2"]:
+    """Blocks where theta* has a non-zero entry: the support the construction allows."""
+    return block_norm_matrix(theta, layout) > 0
+
+
+def support_energy(pairs: list[tuple[np.ndarray, np.ndarray]], layout: PromptLayout) -> float:
+    """Fraction of the total squared norm of the learned matrices inside theta*'s support.
+
+    `pairs` = [(learned, theta*), ...]; 1.0 for theta* itself, NaN when all are zero.
+    """
+    inside = total = 0.0
+    for learned, theta in pairs:
+        sq = block_norm_matrix(learned, layout) ** 2
+        inside += float(sq[support(theta, layout)].sum())
+        total += float(sq.sum())
+    return math.nan if total == 0.0 else inside / total
+
+
+def lsa_blocks(layout: PromptLayout) -> tuple[slice, slice]:
+    """(transition rows, parameter rows) of an LSA layout: the parameter block starts at `param_one`."""
+    start = layout.slice("param_one").start
+    return slice(0, start), slice(start, layout.d_model)
+
+
+def lazy_blocks(P: Float[Array, "D D2"], V: Float[Array, "D D2"], layout: PromptLayout) -> dict:
+    """Norms of the lazy blocks P22 = P[param, param] and V22 = V[param, param] (0 under theta*)."""
+    _, par = lsa_blocks(layout)
+    return {"P22": float(np.linalg.norm(P[par, par])), "V22": float(np.linalg.norm(V[par, par]))}
+
+
+# ---------------------------------------------------------- scaling manifold
+def _manifold_loss(c: float, X, Xs, Y, Ys) -> float:
+    return float(np.sum((X - c * Xs) ** 2) + np.sum((Y - Ys / c) ** 2))
+
+
+def best_scale(X, X_star, Y, Y_star) -> float:
+    """argmin over c != 0 of ||X - c X*||^2 + ||Y - Y*/c||^2 (c may be negative).
+
+    Stationarity: a c^4 - p c^3 + q c - b = 0 with a = ||X*||^2, p = <X, X*>,
+    q = <Y, Y*>, b = ||Y*||^2. The loss tends to +inf at c -> 0 and |c| -> inf, so
+    the minimum is the best real root; a Newton step polishes it.
+    """
+    X, Xs, Y, Ys = (np.asarray(m, dtype=np.float64) for m in (X, X_star, Y, Y_star))
+    a, b = float(np.sum(Xs * Xs)), float(np.sum(Ys * Ys))
+    if a == 0.0 or b == 0.0:
+        raise UserError("theta* has an all-zero block, so the scaling-manifold constant c is undefined")
+    p, q = float(np.sum(X * Xs)), float(np.sum(Y * Ys))
+    coeffs = [a, -p, 0.0, q, -b]
+    roots = np.roots(coeffs)
+    scale = max(abs(r) for r in roots)
+    real = [float(r.real) for r in roots if abs(r.imag) <= 1e-7 * max(scale, 1.0) and r.real != 0.0]
+    if not real:  # pragma: no cover - a quartic with a > 0 and -b < 0 always has a positive and a negative root
+        raise UserError("no real stationary point of the scaling-manifold loss")
+    polished = []
+    for c in real:
+        for _ in range(3):
+            f = ((a * c - p) * c * c + q) * c - b
+            df = (4 * a * c - 3 * p) * c * c + q
+            if df == 0.0:
+                break
+            c = c - f / df
+        polished.append(c)
+    return min(polished, key=lambda c: _manifold_loss(c, X, Xs, Y, Ys))
+
+
+def manifold_fit(X, X_star, Y, Y_star, names: tuple[str, str]) -> dict:
+    """Best c for (X, Y) against (c X*, Y*/c), relative errors at that c, and the gauge-invariant cosine.
+
+    The cosine compares the bilinear maps Y (x) X and Y* (x) X*:
+    <Y (x) X, Y* (x) X*> = <Y, Y*><X, X*>, so it is cos(X, X*) cos(Y, Y*), the same for every c.
+    """
+    c = best_scale(X, X_star, Y, Y_star)
+    X_star, Y_star = np.asarray(X_star, dtype=np.float64), np.asarray(Y_star, dtype=np.float64)
+    return {
+        "scale": c,
+        "rel_err": {names[0]: rel_err(X, c * X_star), names[1]: rel_err(Y, Y_star / c)},
+        "gauge_cosine": cosine(X, X_star) * cosine(Y, Y_star),
+    }
+
+
+def ls_scale(learned, target) -> float:
+    """Least-squares s minimising ||learned - s target||."""
+    target = np.asarray(target, dtype=np.float64)
+    tt = float(np.sum(target * target))
+    if tt == 0.0:
+        raise UserError("theta* matrix is all zero; no scale can be fitted")
+    return float(np.sum(np.asarray(learned, dtype=np.float64) * target)) / tt
+
+
+def sign_pattern(values, rel_tol: float = SIGN_REL_TOL) -> str:
+    """'+,+,-' style pattern; an entry within rel_tol * max|values| of 0 is '0'."""
+    v = np.ravel(np.asarray(values, dtype=np.float64))
+    if not np.all(np.isfinite(v)):
+        raise UserError("sign pattern of a vector with NaN or Inf")
+    thresh = rel_tol * float(np.max(np.abs(v))) if v.size else 0.0
+    return ",".join("0" if abs(x) <= thresh else ("+" if x > 0 else "-") for x in v)
+
+
+def pq_summary(P: Float[Array, "D D2"], Q: Float[Array, "D D2"], layout: PromptLayout) -> dict:
+    """Wang et al.'s summaries after aligning signs by s = sign(P[-1,-1]).
+
+    P_last = s P[-1,-1]; P_others = mean |P| over the other entries; Q_tl_trace and
+    Q_tr_trace = s tr(Q[phi, phi]) and s tr(Q[phi, gamma_phi_next]) (theta*: -d and +d times C).
+    """
+    s = 1.0 if P[-1, -1] >= 0 else -1.0
+    others = np.abs(P).sum() - abs(P[-1, -1])
+    phi, nxt = layout.slice("phi"), layout.slice("gamma_phi_next")
+    return {
+        "sign": s,
+        "P_last": s * float(P[-1, -1]),
+        "P_others_mean_abs": float(others) / (P.size - 1),
+        "Q_tl_trace": s * float(np.trace(Q[phi, phi])),
+        "Q_tr_trace": s * float(np.trace(Q[phi, nxt])),
+    }
+
+
+# ------------------------------------------------------ TransformerLens heads
+def tl_head_matrices(
+    W_Q: Float[Array, "d_model d_head"],
+    W_K: Float[Array, "d_model d_head"],
+    W_V: Float[Array, "d_model d_head_v"],
+    W_O: Float[Array, "d_head_v d_model"],
+) -> tuple[Float[Array, "d_model d_model"], Float[Array, "d_model d_model"]]:
+    """Effective score matrix and value map of one TransformerLens head, in the papers' orientation.
+
+    TL scores a target x_q against a source x_k as x_q W_Q W_K^T x_k^T, i.e. A_TL = W_Q W_K^T
+    is target-first. The papers (and our checkpoints) are source-first, score = z_src^T A z_tgt,
+    so A = (W_Q W_K^T)^T = W_K W_Q^T. The value map of a source on column vectors is
+    V = (W_V W_O)^T. Biases are ignored (they are not part of the bilinear form).
+    """
+    W_Q, W_K, W_V, W_O = (np.asarray(w, dtype=np.float64) for w in (W_Q, W_K, W_V, W_O))
+    return (W_Q @ W_K.T).T, (W_V @ W_O).T
+
+
+# family parameter names of (score matrix, value map) in each family's layer
+SCORE_VALUE_NAMES = {"linear-td": ("Q", "P"), "softmax-td": ("A", "V"), "sarsa": ("P", "V"), "actor-critic": ("P", "V")}
+
+
+def tl_to_family(tensors: dict[str, np.ndarray], family: str, head: int = 0) -> dict[str, np.ndarray]:
+    """Map TL weights blocks.{l}.attn.W_Q/W_K/W_V/W_O ([n_heads, ...] or per head) to family names.
+
+    linear-td: Q = score, P = value; softmax-td: A = score, V = value; LSA: P = score, V = value.
+    """
+    if family not in SCORE_VALUE_NAMES:
+        raise UserError(f"cannot map TransformerLens weights to family {family!r} (known: {', '.join(SCORE_VALUE_NAMES)})")
+    score_name, value_name = SCORE_VALUE_NAMES[family]
+    layers = sorted({split_param_name(n)[0] for n in tensors if n.startswith("blocks.") and ".attn.W_" in n})
+    if not layers:
+        raise UserError("no TransformerLens attention weights (blocks.<l>.attn.W_Q, W_K, W_V, W_O) found")
+    out = {}
+    for l in layers:
+        ws = []
+        for w in ("W_Q", "W_K", "W_V", "W_O"):
+            key = f"blocks.{l}.attn.{w}"
+            if key not in tensors:
+                raise UserError(f"TransformerLens weights lack {key}")
+            t = np.asarray(tensors[key], dtype=np.float64)
+            if t.ndim == 3:
+                if not 0 <= head < t.shape[0]:
+                    raise UserError(f"{key} has {t.shape[0]} heads; head {head} does not exist")
+                t = t[head]
+            ws.append(t)
+        try:
+            A, V = tl_head_matrices(*ws)
+        except Exception as e:  # beartype/jaxtyping shape mismatch
+            raise UserError(f"TransformerLens weights of layer {l} have inconsistent shapes: "
+                            f"{[tuple(w.shape) for w in ws]}") from e
+        out[f"blocks.{l}.attn.{score_name}"] = A
+        out[f"blocks.{l}.attn.{value_name}"] = V
+    return out
+
+
+# ----------------------------------------------------------- family analysis
+def layers_of(params: dict) -> list[int]:
+    """Sorted layer indices that have parameters."""
+    return sorted({split_param_name(n)[0] for n in params})
+
+
+def _check_theta(params: dict, theta: dict, layout: PromptLayout) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Learned and theta* matrices by name, with shapes checked; names without theta* are dropped."""
+    pairs = {}
+    for name, value in params.items():
+        learned = check_fits(name, value, layout)
+        if name not in theta:
+            continue
+        star = np.asarray(theta[name], dtype=np.float64)
+        if star.shape != learned.shape:
+            raise UserError(f"theta* {name} has shape {tuple(star.shape)} but the parameter has "
+                            f"{tuple(learned.shape)}: mismatched theta*")
+        pairs[name] = (learned, star)
+    missing = sorted(set(theta) - set(params))
+    if missing:
+        raise UserError(f"theta* has {', '.join(missing)} which the parameters lack: mismatched theta*")
+    if not pairs:
+        raise UserError("no parameter has a theta* counterpart: mismatched theta*")
+    return pairs
+
+
+def _layer_fit(family: str, layer: int, pairs: dict, layout: PromptLayout) -> dict | None:
+    """Manifold / scale fit of one layer's parameters (None if the layer lacks them)."""
+    def get(key):
+        return pairs.get(f"blocks.{layer}.attn.{key}")
+
+    if family == "linear-td":
+        P, Q = get("P"), get("Q")
+        if P is None or Q is None:
+            return None
+        fit = manifold_fit(P[0], P[1], Q[0], Q[1], ("P", "Q"))
+        fit["pq_summary"] = pq_summary(P[0], Q[0], layout)
+        return fit
+    if family in ("sarsa", "actor-critic"):
+        P, V = get("P"), get("V")
+        if P is None or V is None:
+            return None
+        tr, par = lsa_blocks(layout)
+        fit = manifold_fit(P[0][tr, par], P[1][tr, par], V[0][par, tr], V[1][par, tr], ("P12", "V21"))
+        fit["lazy_blocks"] = lazy_blocks(P[0], V[0], layout)
+        return fit
+    if family == "softmax-td":
+        A, V = get("A"), get("V")
+        if A is None or V is None:
+            return None
+        # theta*'s A is score_scale * diag(I, 0, 0, 0): normalise so the scale is in units of diag(I, 0, 0, 0)
+        A_unit = A[1] / np.max(np.abs(A[1]))
+        s = ls_scale(A[0], A_unit)
+        cur = layout.slice("current_mem").start
+        cols = [layout.slice(b).start for b in ("reward", "target_mem", "current_mem")]
+        row = V[0][cur, cols]
+        fit = {
+            "scale": s,
+            "rel_err": {"A": rel_err(A[0], s * A_unit), "V": rel_err(V[0], ls_scale(V[0], V[1]) * V[1])},
+            "gauge_cosine": cosine(V[0], V[1]),
+            "value_row": [float(x) for x in row],
+            "value_row_cosine": cosine(row, V[1][cur, cols]),
+            "sign_pattern": sign_pattern(row),
+        }
+        Vt = get("V_target")
+        if Vt is not None:
+            fit["rel_err"]["V_target"] = rel_err(Vt[0], ls_scale(Vt[0], Vt[1]) * Vt[1])
+        return fit
+    return None
+
+
+def analyze_weights(family: str, params: dict[str, np.ndarray], theta: dict[str, np.ndarray],
+                    layout: PromptLayout) -> dict:
+    """The `weights` section of the analysis contract (see docs/analyzers.md).
+
+    Top-level manifold fields and sign_pattern describe the last parameter layer (the only
+    one when weights are tied or for LSA); `manifold.per_layer` lists every layer. Without a
+    theta* (empty `theta`) only block norms and the LSA lazy drift are reported.
+    """
+    if not theta:  # no construction for this family yet: what needs no theta* still counts
+        learned = {name: check_fits(name, m, layout) for name, m in sorted(params.items())}
+        sparsity = {"in_support_energy": None, "lazy_drift": None,
+                    "block_norms": {name: block_norms(m, layout) for name, m in learned.items()}}
+        last = max(layers_of(learned), default=0)
+        P, V = learned.get(f"blocks.{last}.attn.P"), learned.get(f"blocks.{last}.attn.V")
+        if family in ("sarsa", "actor-critic") and P is not None and V is not None:
+            sparsity["lazy_blocks"] = lazy = lazy_blocks(P, V, layout)
+            sparsity["lazy_drift"] = math.hypot(lazy["P22"], lazy["V22"])
+        return {"block_sparsity": sparsity, "manifold": None, "sign_pattern": None}
+    pairs = _check_theta(params, theta, layout)
+    norms = {name: block_norms(m, layout) for name, (m, _) in sorted(pairs.items())}
+    sparsity = {
+        "in_support_energy": support_energy(list(pairs.values()), layout),
+        "lazy_drift": None,
+        "block_norms": norms,
+        "support": {name: [[r, c] for a, r in enumerate(layout.names) for b, c in enumerate(layout.names)
+                           if support(star, layout)[a, b]] for name, (_, star) in sorted(pairs.items())},
+    }
+    per_layer = []
+    for l in layers_of(dict(pairs)):
+        fit = _layer_fit(family, l, pairs, layout)
+        if fit is not None:
+            per_layer.append({"layer": l, **fit})
+    manifold, pattern = None, None
+    if per_layer:
+        last = per_layer[-1]
+        manifold = {"scale": last["scale"], "rel_err": last["rel_err"], "gauge_cosine": last["gauge_cosine"],
+                    "layer": last["layer"], "per_layer": per_layer}
+        if family == "softmax-td":
+            manifold["value_row_cosine"] = last["value_row_cosine"]
+            pattern = last["sign_pattern"]
+        if family == "linear-td":
+            manifold["pq_summary"] = last["pq_summary"]
+        if family in ("sarsa", "actor-critic"):
+            lazy = last["lazy_blocks"]
+            sparsity["lazy_blocks"] = lazy
+            sparsity["lazy_drift"] = math.hypot(lazy["P22"], lazy["V22"])
+    return {"block_sparsity": sparsity, "manifold": manifold, "sign_pattern": pattern}

@@ -1,0 +1,185 @@
+"""Known answers for kernel diagonality: identity -> 1, uniform -> 1/|S|, brute-force M_hat,
+the one-hot population kernel in closed form, label-free masses, streaming = one shot."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from icrl_interp.analyzers import kernel as K
+
+
+def _random_patterns(rng, B, H, pos):
+    """Softmax patterns over sources 0..pos-2 (the last position masked as a source)."""
+    logits = rng.standard_normal((B, H, pos, pos)) * 2
+    logits[..., -1] = -np.inf
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_identity_attention_has_diagonality_one():
+    B, S, pos = 3, 4, 13
+    states = np.tile(np.arange(pos) % S, (B, 1))
+    pat = np.broadcast_to(np.eye(pos), (B, 1, pos, pos)).copy()
+    M, counts = K.state_kernel(pat, states, states, S)
+    np.testing.assert_array_equal(M[:, 0], np.broadcast_to(np.eye(S), (B, S, S)))
+    acc = K.DiagonalityAccumulator(0.9, S)
+    acc.update(M[:, 0])
+    res = acc.result()
+    assert res["mean"] == 1.0 and res["min"] == 1.0
+    assert res["margin"] == pytest.approx(1.0 - 0.95, abs=1e-15)
+    assert res["frac_tasks_contracting"] == 1.0
+    np.testing.assert_array_equal(counts, [[4, 3, 3, 3]] * B)
+
+
+def test_uniform_attention_has_diagonality_one_over_states():
+    B, S, n = 2, 5, 20  # every state appears n / S times among the sources
+    pos = n + 1
+    states = np.tile(np.arange(pos) % S, (B, 1))
+    pat = np.zeros((B, 1, pos, pos))
+    pat[..., :n] = 1.0 / n
+    M, _ = K.state_kernel(pat, states, states, S)
+    np.testing.assert_allclose(M[:, 0], 1.0 / S, atol=1e-15)
+    acc = K.DiagonalityAccumulator(0.5, S)
+    acc.update(M[:, 0])
+    res = acc.result()
+    assert res["mean"] == pytest.approx(1 / S) and res["min"] == pytest.approx(1 / S)
+    assert res["margin"] == pytest.approx(1 / S - 0.75)
+    assert res["frac_tasks_contracting"] == 0.0
+
+
+def test_state_kernel_matches_its_definition_on_random_patterns(rng):
+    B, H, S, pos = 6, 2, 4, 11
+    pat = _random_patterns(rng, B, H, pos)
+    states = rng.integers(0, S, size=(B, pos))
+    states[0, -1] = S - 1
+    states[0, :-1] = np.minimum(states[0, :-1], S - 2)  # a state seen only at the masked query
+    M, counts = K.state_kernel(pat, states, states, S)
+    assert np.all(np.isnan(M[0, :, S - 1]))
+    for b in range(B):
+        for h in range(H):
+            for s in range(S):
+                targets = [j for j in range(pos) if states[b, j] == s]
+                sources = [k for k in range(pos - 1) if states[b, k] == s]  # the last position is masked
+                assert counts[b, s] == len(targets)
+                if not targets or not sources:
+                    assert np.all(np.isnan(M[b, h, s]))
+                    continue
+                for t in range(S):
+                    want = np.mean([sum(pat[b, h, j, k] for k in range(pos) if states[b, k] == t) for j in targets])
+                    assert M[b, h, s, t] == pytest.approx(want, abs=1e-13)
+            rows = ~np.isnan(M[b, h, :, 0])
+            np.testing.assert_allclose(M[b, h, rows].sum(-1), 1.0, atol=1e-12)  # row-stochastic
+
+
+def test_state_seen_only_at_the_query_is_left_out():
+    pos, S = 5, 3
+    states = np.array([[0, 1, 0, 1, 2]])  # state 2 only at the query, never a source
+    pat = np.zeros((1, 1, pos, pos))
+    pat[..., :4] = 0.25
+    M, _ = K.state_kernel(pat, states, states, S)
+    assert np.all(np.isnan(M[0, 0, 2]))
+    mean, mins = K.task_diagonals(M[:, 0])
+    assert mean[0] == pytest.approx(0.5) and mins[0] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("beta2", [1.0, 2.0, 4.0, 8.0])
+def test_population_kernel_of_scaled_onehot_features_in_closed_form(beta2, rng):
+    B, S = 5, 6
+    mu = rng.dirichlet(np.ones(S), size=B)
+    x = np.broadcast_to(np.eye(S), (B, S, S)).copy()
+    M = K.population_kernel(beta2 * np.eye(S), x, mu)
+    e = math.exp(beta2)
+    want_diag = mu * e / (mu * e + 1 - mu)
+    np.testing.assert_allclose(np.diagonal(M, axis1=1, axis2=2), want_diag, rtol=1e-13)
+    np.testing.assert_allclose(M.sum(-1), 1.0, atol=1e-13)
+    # off-diagonal: mu(s') / (mu(s) e + 1 - mu(s))
+    np.testing.assert_allclose(M[:, 0, 1], mu[:, 1] / (mu[:, 0] * e + 1 - mu[:, 0]), rtol=1e-13)
+
+
+def test_population_kernel_uses_source_transpose_a_target(rng):
+    B, S, d = 2, 4, 3
+    x = rng.standard_normal((B, S, d))
+    A = rng.standard_normal((d, d))
+    mu = rng.dirichlet(np.ones(S), size=B)
+    M = K.population_kernel(A, x, mu)
+    for b in range(B):
+        for s in range(S):
+            w = np.array([mu[b, u] * math.exp(x[b, u] @ A @ x[b, s]) for u in range(S)])
+            np.testing.assert_allclose(M[b, s], w / w.sum(), rtol=1e-12)
+
+
+def test_label_free_masses(rng):
+    B, S, pos = 4, 3, 10
+    states = rng.integers(0, S, size=(B, pos))
+    feats = np.eye(S)[states] * 2.5  # one-hot x beta features: equal iff same state
+    pat = _random_patterns(rng, B, 1, pos)
+    ids = K.feature_ids(feats)
+    same = K.same_feature_mass(pat, ids, ids)
+    want = [np.mean([sum(pat[b, 0, j, k] for k in range(pos) if states[b, k] == states[b, j]) for j in range(pos)])
+            for b in range(B)]
+    np.testing.assert_allclose(same, want, atol=1e-13)
+    eye = np.broadcast_to(np.eye(pos), (B, 1, pos, pos))
+    q = np.arange(pos)
+    np.testing.assert_array_equal(K.self_mass(eye, q, q), 1.0)
+    # only the query rows recorded: positions 3..9 as targets
+    np.testing.assert_allclose(K.self_mass(pat[:, :, 3:], q[3:], q), pat[:, 0, np.arange(3, pos), np.arange(3, pos)].mean(-1))
+
+
+def test_feature_ids_separate_distinct_vectors(rng):
+    f = rng.uniform(-1, 1, size=(3, 50, 4))
+    f[:, 10] = f[:, 3]
+    ids = K.feature_ids(f)
+    assert np.all(ids[:, 10] == ids[:, 3])
+    assert len(np.unique(ids[0])) == 49
+
+
+def test_accumulator_streams_like_one_shot(rng):
+    B, S, pos = 40, 4, 12
+    pat = _random_patterns(rng, B, 1, pos)
+    states = rng.integers(0, S, size=(B, pos))
+    M, _ = K.state_kernel(pat, states, states, S)
+    one = K.DiagonalityAccumulator(0.3, S)
+    one.update(M[:, 0])
+    parts = K.DiagonalityAccumulator(0.3, S)
+    for lo in range(0, B, 7):
+        parts.update(M[lo : lo + 7, 0])
+    a, b = one.result(), parts.result()
+    for key in ("mean", "min", "margin", "worst_task_min", "frac_tasks_contracting", "n_tasks"):
+        assert a[key] == pytest.approx(b[key], abs=1e-14)
+    np.testing.assert_allclose(np.array(a["M_hat"], dtype=float), np.array(b["M_hat"], dtype=float), atol=1e-14)
+    mean, mins = K.task_diagonals(M[:, 0])
+    assert a["mean"] == pytest.approx(np.nanmean(mean)) and a["min"] == pytest.approx(np.nanmean(mins))
+    assert K.DiagonalityAccumulator(0.3, S).result() is None
+
+
+def test_one_pass_chunk_kernel_equals_the_definitions(rng):
+    B, H, S, pos = 7, 2, 4, 12
+    pat = _random_patterns(rng, B, H, pos).astype(np.float32)
+    states = rng.integers(0, S, size=(B, pos))
+    states[0, 3] = -1  # an unlabelled column
+    feats = rng.uniform(-1, 1, size=(B, 5, 3))[np.arange(B)[:, None], rng.integers(0, 5, size=(B, pos))]
+    ids = K.feature_ids(feats)
+    codes = K.feature_codes(ids)
+    assert np.all((codes[:, :, None] == codes[:, None, :]) == (ids[:, :, None] == ids[:, None, :]))
+    cc = K.ChunkColumns.build(states, S, codes)
+    q = np.arange(2, pos)  # only some query rows recorded
+    got = K.chunk_kernel(pat[:, :, q], q, cc)
+    M, _ = K.state_kernel(pat[:, :, q].astype(np.float64), states[:, q], states, S)
+    np.testing.assert_allclose(got["M"], M, atol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(got["same_mass"], K.same_feature_mass(pat[:, :, q].astype(np.float64), ids[:, q], ids),
+                               atol=1e-6)
+    np.testing.assert_allclose(got["row_sums"], 1.0, atol=1e-5)
+
+
+def test_chunk_kernel_reuses_state_columns_when_features_identify_states(rng):
+    B, S, pos = 5, 4, 10
+    pat = _random_patterns(rng, B, 1, pos)
+    states = rng.integers(0, S, size=(B, pos))
+    ids = K.feature_ids(np.eye(S)[states] * 3.0)  # one-hot features: same feature <-> same state
+    cc = K.ChunkColumns.build(states, S, K.feature_codes(ids))
+    assert cc.codes_are_states and cc.cols.shape[-1] == S + 1
+    q = np.arange(pos)
+    got = K.chunk_kernel(pat, q, cc)
+    np.testing.assert_allclose(got["same_mass"], K.same_feature_mass(pat, ids, ids), atol=1e-12)
