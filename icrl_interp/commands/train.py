@@ -39,6 +39,7 @@ _BOOLS = {
     "tied": "share weights across layers (TD families)",
     "masks": "softmax-td: train only inside the paper's sparsity masks",
     "lazy-ablation": "sarsa: initialise the lazy blocks randomly (ablation)",
+    "span-projection": "sarsa: project Adam's updates onto the span of the prompts' transition columns",
 }
 
 

@@ -47,14 +47,15 @@ def is_theta_star(r: Result) -> bool:
 
 
 def label_of(r: Result) -> str:
-    """Short human name: θ*, 'run @ step N', or the file / directory name."""
+    """Short human name: θ*, 'run @ step N', or the file / directory name; '[rec]' marks recordings."""
     meta = r.input.meta
     name = r.input.path.stem if r.input.kind == "recording" else r.input.path.name
+    tag = " [rec]" if r.input.kind == "recording" else ""
     if is_theta_star(r):
-        return f"θ* ({name})"
+        return f"θ* ({name}){tag}"
     if meta.get("run_id") is not None and meta.get("step") is not None:
-        return f"{meta['run_id']} @ step {meta['step']}"
-    return name
+        return f"{meta['run_id']} @ step {meta['step']}{tag}"
+    return name + tag
 
 
 def max_rel_err(r: Result) -> float | None:

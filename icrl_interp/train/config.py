@@ -177,6 +177,10 @@ class SarsaTrainConfig(TrainConfig):
     """MDPs (prompts) per optimizer step."""
     lazy_ablation: bool = False
     """Ablation: Xavier-initialise the lazy blocks P22 and V22 too (the paper zero-initialises them)."""
+    span_projection: bool = False
+    """Project each Adam update of P's transition rows and V's transition columns onto the span of the
+    prompts' transition columns (icrl_interp.train.span), so, as under gradient descent, nothing moves along
+    the direction u = [1; -1/gamma 1; 0] that one-hot features never excite (sarsa only)."""
     steps: int = 3000
     lr: float = 1e-3
     lr_decay: float = 0.99
@@ -189,6 +193,7 @@ class SarsaTrainConfig(TrainConfig):
         check(self.w_std >= 0, f"w_std must be non-negative, got {self.w_std}")
         check(0 <= self.epsilon <= 1, f"epsilon must lie in [0, 1], got {self.epsilon}")
         check(self.concentration > 0, f"concentration must be positive, got {self.concentration}")
+        check(not self.span_projection or self.family == "sarsa", f"span_projection is implemented for sarsa only, not {self.family}")
         return self
 
 

@@ -31,6 +31,7 @@ from . import tasks as T
 from .config import TrainConfig, config_from_dict
 from .init import adjust_init, lazy_slice
 from .objectives import objective_for
+from .span import project_updates, transition_span_projector
 
 TRAIN_STREAM, EVAL_STREAM = 1, 2
 
@@ -242,6 +243,7 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
         _truncate_metrics(metrics_path, start)
         objective = objective_for(cfg)
         named = dict(model.named_parameters())
+        span = transition_span_projector(cfg, model.layout) if getattr(cfg, "span_projection", False) else None
         end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
         t0 = time.perf_counter()
         bar = tqdm(range(start, end), desc=f"train {cfg.family}", disable=not progress, initial=start, total=cfg.steps)
@@ -259,7 +261,10 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
                 loss.backward()
                 for name, mask in masks.items():
                     named[name].grad.mul_(mask)
+                before = {k: p.detach().clone() for k, p in named.items()} if span is not None else None
                 opt.step()
+                if span is not None:  # see span.py: Adam would drift along directions no prompt excites
+                    project_updates(named, before, span, model.layout)
                 done = step + 1
                 if done % cfg.log_every == 0 or done == cfg.steps:
                     line = {"step": done, "loss": value, "lr": lr, "wall_s": round(time.perf_counter() - t0, 3)}
