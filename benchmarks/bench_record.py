@@ -114,7 +114,19 @@ def _rss_child(n_prompts: int) -> None:
     with tempfile.TemporaryDirectory() as d:
         recorder.record(model, Path(d) / "r.h5", probe_spec.shipped_spec("linear-td"),
                         recorder.PromptSource(config=config, n_total=n_prompts), batch_size=500, progress=False)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    print(_peak_rss_kib())
+
+
+def _peak_rss_kib() -> int:
+    """Peak RSS of this process image. VmHWM, unlike ru_maxrss, is not inherited across exec."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def bench_memory() -> None:

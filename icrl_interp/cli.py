@@ -16,6 +16,14 @@ from .errors import UserError
 # name -> (module, one-line help). Add a line here when a command lands.
 COMMANDS: dict[str, tuple[str, str]] = {
     "envs": ("icrl_interp.commands.envs", "sample tasks and print their exact values (a quick sanity check)"),
+    "construct": ("icrl_interp.commands.construct", "write a theta* checkpoint of a construction"),
+    "inspect": ("icrl_interp.commands.inspect", "print a checkpoint's config and parameter shapes / norms"),
+    "demo": ("icrl_interp.commands.demo", "end-to-end demo on embedded defaults: theta* + shipped checkpoints -> report"),
+    "record": ("icrl_interp.commands.record", "record a checkpoint's hooked activations into an HDF5 file"),
+    "analyze": ("icrl_interp.commands.analyze", "analyze checkpoints / recordings: block sparsity, manifold, kernel, TD probes, convergence"),
+    "report": ("icrl_interp.commands.report", "analyze many checkpoints / recordings / runs into an HTML report"),
+    "train": ("icrl_interp.commands.train", "pretrain a model of a family into a resumable run directory"),
+    "control": ("icrl_interp.commands.control", "in-context control on held-out MDPs: random / teacher / transformer / oracle returns"),
 }
 
 

@@ -94,6 +94,10 @@ def sample_batch(config: dict, batch: int, rng) -> PromptBatch:
         return _softmax_td(mrp, traj, tasks, n_layers, alpha, score_scale)
     if family == "sarsa":
         return _sarsa(task, d, gamma, alpha, batch, rng)
+    if family == "actor-critic":
+        from . import actor_critic
+
+        return actor_critic.sample_prompt_batch(config, task, batch, rng)
     raise UserError(f"no task sampler for family {family!r}")
 
 

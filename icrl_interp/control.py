@@ -1,0 +1,398 @@
+"""In-context control (Liang & Lai, paper (b), Algorithm 1) and its evaluation on held-out random MDPs.
+
+Closed loop, vectorized over MDPs (axis 0): starting from parameters 0, repeat `iterations`
+times: sample n steps of the current policy (epsilon-greedy on w . phi for SARSA, pi_lam for
+actor-critic), build the prompt, set the parameters to the update (the transformer's output,
+or the reference algorithm's for the analytic teacher), continue from the last state.
+After every update the *exact* discounted return of the current policy from the MDP's start
+distribution is computed from (P, R, pi) (`envs.MDPBatch.discounted_return`), never sampled.
+
+Baselines: the uniform random policy and the optimal policy (value iteration). Teacher
+tracking is measured along the transformer's own loop: at each update the teacher's step on
+the very same prompt is computed, and we report the share of states where the transformer's
+greedy action is one of the teacher's greedy actions, and ||theta_tf - theta_teacher|| / ||theta_teacher||.
+The teacher and transformer loops draw from the same random stream, so a model that tracks the
+teacher exactly (theta*) reproduces the teacher's trajectory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from jaxtyping import Float, Int
+
+from . import actor_critic as AC
+from . import envs, layouts, reference
+from .errors import check
+
+Array = np.ndarray
+FAMILIES = ("sarsa", "actor-critic")
+REWARDS = ("uniform", "normal")
+TIE_TOL = 1e-9
+"""A state's greedy actions are those within TIE_TOL (relative) of its best action value / logit."""
+
+
+@dataclass
+class ControlConfig:
+    """How the closed loop is evaluated (the MDP shape and discount come from the checkpoint)."""
+
+    mdps: int = 100
+    """Held-out random MDPs (the batch axis)."""
+    iterations: int = 1000
+    """t: closed-loop updates per MDP (each consumes n environment steps)."""
+    n: int | None = None
+    """Context length (steps per update); None = the checkpoint's n (64 if it has none)."""
+    epsilon: float = 0.1
+    """SARSA exploration: epsilon-greedy on w . phi (actor-critic acts with pi_lam)."""
+    seed: int = 0
+    """Seeds the MDP draw and the (shared) sampling stream of the teacher and transformer loops."""
+    rewards: str = "uniform"
+    """'uniform': R(s, a) ~ U(-1, 1) (envs.sample_tabular_mdps, the training distribution); 'normal': N(0, 1)."""
+    concentration: float = 1.0
+    """Dirichlet concentration of the transition rows."""
+
+    def validate(self) -> "ControlConfig":
+        for name in ("mdps", "iterations"):
+            value = getattr(self, name)
+            check(not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 1,
+                  f"{name} must be a positive integer, got {value!r}")
+        check(self.n is None or (isinstance(self.n, (int, np.integer)) and self.n >= 1),
+              f"n must be a positive integer, got {self.n!r}")
+        check(0.0 <= self.epsilon <= 1.0, f"epsilon must lie in [0, 1], got {self.epsilon}")
+        check(self.rewards in REWARDS, f"unknown reward distribution {self.rewards!r} (use {', '.join(REWARDS)})")
+        check(self.concentration > 0, f"concentration must be positive, got {self.concentration}")
+        return self
+
+
+# -------------------------------------------------------------- algorithms
+@dataclass
+class Algorithm:
+    """One of paper (b)'s in-context algorithms on tabular MDPs: how parameters act and update."""
+
+    family: str
+    """'sarsa' or 'actor-critic'."""
+    n_states: int
+    """States of the MDPs."""
+    n_actions: int
+    """Actions of the MDPs."""
+    gamma: float
+    """Discount of the MDPs and of the update."""
+    alpha: float
+    """SARSA step; actor step for actor-critic."""
+    beta: float
+    """Critic step (actor-critic only; equals alpha for SARSA)."""
+    epsilon: float = 0.1
+    """SARSA exploration."""
+
+    @property
+    def d(self) -> int:
+        return self.n_states * self.n_actions
+
+    @property
+    def size(self) -> int:
+        """Length of the parameter vector ([w] or [w; lam])."""
+        return self.d if self.family == "sarsa" else 2 * self.d
+
+    def _action_values(self, params: Float[Array, "batch p"]) -> Float[Array, "batch s a"]:
+        """w . phi(s, a) for SARSA, the policy logits lam . phi_pi(s, a) for actor-critic."""
+        own = params[:, : self.d] if self.family == "sarsa" else params[:, self.d :]
+        return own.reshape(-1, self.n_states, self.n_actions)
+
+    def policy(self, params: Float[Array, "batch p"]) -> Float[Array, "batch s a"]:
+        """The acting policy: epsilon-greedy on w . phi, or pi_lam."""
+        if self.family == "sarsa":
+            return envs.epsilon_greedy(self._action_values(params), self.epsilon)
+        return envs.softmax_policy(self._action_values(params))
+
+    def greedy_sets(self, params: Float[Array, "batch p"]) -> np.ndarray:
+        """[batch, s, a] booleans: the greedy actions of each state (several on ties)."""
+        q = self._action_values(params)
+        best = q.max(-1, keepdims=True)
+        return q >= best - TIE_TOL * np.maximum(1.0, np.abs(best))
+
+    def greedy(self, params: Float[Array, "batch p"]) -> Int[Array, "batch s"]:
+        return np.argmax(self._action_values(params), -1)
+
+    def prompt_and_teacher(self, mdp: envs.MDPBatch, traj: envs.Trajectories,
+                           params: Float[Array, "batch p"]) -> tuple[np.ndarray, np.ndarray]:
+        """The prompt of the family for this trajectory and the teacher's (reference) update."""
+        if self.family == "sarsa":
+            phi, phi_next, states, actions = layouts._mdp_columns(mdp, traj)
+            prompt = layouts.sarsa_prompt(phi, phi_next, traj.rewards, params, self.gamma, states, actions)
+            return prompt.z, reference.sarsa_update(phi, phi_next, traj.rewards, params, self.gamma, self.alpha)
+        w, lam = AC.split(params, self.d)
+        c = AC.mdp_columns(mdp, traj, lam, AC.policy_features(self.n_states, self.n_actions))
+        prompt = AC.actor_critic_prompt(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam, self.gamma)
+        w_new, lam_new = reference.actor_critic_update(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam,
+                                                       self.gamma, self.alpha, self.beta)
+        return prompt.z, np.concatenate([w_new, lam_new], -1)
+
+
+def algorithm_for(config: dict, epsilon: float = 0.1) -> Algorithm:
+    """The algorithm a checkpoint config mimics (family, MDP shape, gamma, steps)."""
+    from .sampling import TaskSpec
+
+    family = config.get("family")
+    check(family in FAMILIES, f"in-context control needs a sarsa or actor-critic checkpoint, got family {family!r}")
+    task = TaskSpec.from_dict(config.get("task"), family)
+    d = int(config["d"])
+    check(task.kind == "mdp", f"the checkpoint's task is {task.kind!r}; control runs on tabular MDPs")
+    check(task.n_states * task.n_actions == d,
+          f"the checkpoint has d = {d}, but its task has n_states*n_actions = {task.n_states * task.n_actions} "
+          "(control uses state-action one-hot features)")
+    if family == "actor-critic":
+        AC.tabular_policy_features(d, int(config["m"]), task.n_states, task.n_actions)
+        alpha, beta = AC.steps_of(config)
+    else:
+        alpha = beta = float(config.get("alpha", 1.0))
+    return Algorithm(family, task.n_states, task.n_actions, float(config["gamma"]), alpha, beta, epsilon)
+
+
+# ------------------------------------------------------------------ MDPs
+def draw_mdps(cfg: ControlConfig, algo: Algorithm) -> envs.MDPBatch:
+    """The held-out MDPs (stream 0 of the seed): Dirichlet rows, uniform or normal rewards, uniform start."""
+    rng = np.random.default_rng([cfg.seed, 0])
+    mdp = envs.sample_tabular_mdps(cfg.mdps, algo.n_states, algo.n_actions, algo.gamma, rng, cfg.concentration)
+    if cfg.rewards == "normal":
+        mdp = envs.MDPBatch(P=mdp.P, R=rng.standard_normal(mdp.R.shape), start=mdp.start, gamma=mdp.gamma)
+    return mdp
+
+
+# ------------------------------------------------------------ closed loop
+@dataclass
+class LoopTrace:
+    """One agent's closed loop on every MDP."""
+
+    returns: Float[Array, "batch iters_plus_one"]
+    """Exact discounted return of the acting policy after each update (index 0: before any)."""
+    greedy_returns: Float[Array, " batch"]
+    """Exact return of the greedy policy of the final parameters."""
+    params: Float[Array, "batch p"]
+    """Final parameters."""
+    agreement: Float[Array, "batch iters"] | None = None
+    """Share of states where the agent's greedy action is a greedy action of the teacher's step on the same prompt."""
+    rel_distance: Float[Array, "batch iters"] | None = None
+    """||theta_agent - theta_teacher|| / ||theta_teacher|| at each update (same prompt)."""
+    diverged_at: Int[Array, " batch"] | None = None
+    """Update at which the agent's output first had NaN/Inf (-1: never); from then on its parameters are
+    frozen at their last finite value and its tracking entries are NaN."""
+
+
+def closed_loop(mdp: envs.MDPBatch, algo: Algorithm, n: int, iterations: int, rng: np.random.Generator,
+                step=None, progress: bool = False, desc: str = "teacher") -> LoopTrace:
+    """Algorithm 1 on every MDP at once. `step(z) -> params` is the transformer; None runs the teacher."""
+    from tqdm import tqdm
+
+    B = mdp.batch
+    params = np.zeros((B, algo.size))
+    s = envs.sample_categorical(mdp.start, rng)
+    returns = np.empty((B, iterations + 1))
+    returns[:, 0] = mdp.discounted_return(algo.policy(params))
+    track = step is not None
+    agreement = np.empty((B, iterations)) if track else None
+    dist = np.empty((B, iterations)) if track else None
+    diverged_at = np.full(B, -1)
+    rows = np.arange(B)[:, None]
+    for t in tqdm(range(iterations), desc=desc, disable=not progress, leave=False):
+        traj = mdp.sample(algo.policy(params), n, rng, start_states=s)
+        z, teacher = algo.prompt_and_teacher(mdp, traj, params)
+        if track:
+            new = np.asarray(step(z), dtype=np.float64)
+            bad = ~np.all(np.isfinite(new), axis=-1)
+            diverged_at[bad & (diverged_at < 0)] = t + 1
+            frozen = diverged_at >= 0
+            new[frozen] = params[frozen]  # a diverged MDP keeps its last finite parameters
+            agreement[:, t] = algo.greedy_sets(teacher)[rows, np.arange(algo.n_states), algo.greedy(new)].mean(-1)
+            norm = np.linalg.norm(teacher, axis=-1)
+            dist[:, t] = np.linalg.norm(new - teacher, axis=-1) / np.where(norm > 0, norm, 1.0)
+            agreement[frozen, t] = dist[frozen, t] = np.nan
+            params = new
+        else:
+            params = teacher
+        s = traj.states[:, -1]
+        returns[:, t + 1] = mdp.discounted_return(algo.policy(params))
+    greedy = envs.epsilon_greedy(algo._action_values(params), 0.0)
+    return LoopTrace(returns, mdp.discounted_return(greedy), params, agreement, dist, diverged_at if track else None)
+
+
+def model_step(model, algo: Algorithm):
+    """z -> the model's parameter output ([w] for SARSA, [w; lam] for actor-critic) as float64."""
+    import torch
+
+    def step(z: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            out = model(model.as_input(z))
+            params = model.readout(out) if algo.family == "sarsa" else AC.readout(out, model.layout)
+        return params.double().cpu().numpy()
+
+    return step
+
+
+# -------------------------------------------------------------- evaluation
+def _stats(x: np.ndarray) -> dict:
+    """Mean and std over MDPs, ignoring NaN (diverged); None when every entry is NaN."""
+    x = np.asarray(x, dtype=np.float64)
+    if np.all(np.isnan(x)):
+        return {"mean": None, "std": None}
+    return {"mean": float(np.nanmean(x)), "std": float(np.nanstd(x))}
+
+
+def _nan_extreme(x: np.ndarray, fn) -> float | None:
+    return None if np.all(np.isnan(x)) else float(fn(x))
+
+
+def evaluate(model, config: dict, cfg: ControlConfig, progress: bool = True, source: str | None = None) -> dict:
+    """Returns of random / teacher / transformer / oracle at the last update, tracking, and curves (JSON-ready)."""
+    cfg.validate()
+    algo = algorithm_for(config, cfg.epsilon)
+    n = cfg.n or int(config.get("n") or (config.get("task") or {}).get("n") or 64)
+    mdp = draw_mdps(cfg, algo)
+    uniform = np.full(mdp.R.shape, 1.0 / algo.n_actions)
+    random_ret = mdp.discounted_return(uniform)
+    _, _, oracle_ret = mdp.optimal()
+    teacher = closed_loop(mdp, algo, n, cfg.iterations, np.random.default_rng([cfg.seed, 1]), None, progress, "teacher")
+    tf = closed_loop(mdp, algo, n, cfg.iterations, np.random.default_rng([cfg.seed, 1]), model_step(model, algo),
+                     progress, "transformer")
+    origin = config.get("origin") or {}
+    return {
+        "schema": "icrl_interp.control/1",
+        "checkpoint": source,
+        "family": algo.family,
+        "origin": origin.get("kind", "unknown"),
+        "settings": {**asdict(cfg), "n": n, "n_states": algo.n_states, "n_actions": algo.n_actions, "gamma": algo.gamma,
+                     "alpha": algo.alpha, "beta": algo.beta},
+        "returns": {"random": _stats(random_ret), "teacher": _stats(teacher.returns[:, -1]),
+                    "transformer": _stats(tf.returns[:, -1]), "oracle": _stats(oracle_ret)},
+        "greedy_returns": {"teacher": _stats(teacher.greedy_returns), "transformer": _stats(tf.greedy_returns)},
+        # paired over MDPs: both loops share the MDP and the random stream
+        "transformer_minus_teacher": _stats(tf.returns[:, -1] - teacher.returns[:, -1]),
+        "divergence": {"mdps": int(np.sum(tf.diverged_at >= 0)), "updates": tf.diverged_at.tolist(),
+                       "note": "updates: first update with NaN/Inf output per MDP (-1 never); parameters then stay frozen"},
+        "per_mdp": {"random": random_ret.tolist(), "teacher": teacher.returns[:, -1].tolist(),
+                    "transformer": tf.returns[:, -1].tolist(), "oracle": oracle_ret.tolist()},
+        "tracking": {
+            "greedy_agreement": _stats(_nan_mean_rows(tf.agreement)),
+            "greedy_agreement_min": _nan_extreme(tf.agreement, np.nanmin),
+            "rel_param_distance": _stats(_nan_mean_rows(tf.rel_distance)),
+            "rel_param_distance_max": _nan_extreme(tf.rel_distance, np.nanmax),
+            "final_param_distance": float(np.mean(np.linalg.norm(tf.params - teacher.params, axis=-1)
+                                                  / np.maximum(np.linalg.norm(teacher.params, axis=-1), 1e-300))),
+        },
+        "curves": {
+            "iteration": list(range(cfg.iterations + 1)),
+            "teacher": {"mean": teacher.returns.mean(0).tolist(), "std": teacher.returns.std(0).tolist()},
+            "transformer": {"mean": tf.returns.mean(0).tolist(), "std": tf.returns.std(0).tolist()},
+            "random": _stats(random_ret),
+            "oracle": _stats(oracle_ret),
+        },
+    }
+
+
+def _nan_mean_rows(x: np.ndarray) -> np.ndarray:
+    """Per-MDP mean over updates, ignoring the NaN entries after a divergence."""
+    counts = np.sum(~np.isnan(x), -1)
+    return np.where(counts > 0, np.nansum(x, -1) / np.maximum(counts, 1), np.nan)
+
+
+def run_checkpoint(path, cfg: ControlConfig, progress: bool = True) -> dict:
+    """Load a sarsa / actor-critic checkpoint and evaluate it in closed loop."""
+    from . import checkpoint
+
+    config, _ = checkpoint.read(path)
+    check(config["family"] in FAMILIES,
+          f"{path} is a {config['family']} checkpoint; in-context control needs sarsa or actor-critic")
+    return evaluate(checkpoint.load(path), config, cfg, progress, str(path))
+
+
+# ----------------------------------------------------------------- output
+ROWS = (("random", "random policy"), ("teacher", "analytic teacher"), ("transformer", "transformer"),
+        ("oracle", "oracle (value iteration)"))
+
+
+def format_table(result: dict) -> str:
+    """Plain-text table: returns (mean +- std over MDPs) and teacher tracking."""
+    s = result["settings"]
+    head = (f"{result['family']} ({result['origin']}), {s['mdps']} MDPs, n_S={s['n_states']}, n_A={s['n_actions']}, "
+            f"gamma={s['gamma']}, t={s['iterations']} updates of n={s['n']} steps, rewards {s['rewards']}")
+    lines = [head, f"{'policy':<26}{'return (mean +- std)':>24}"]
+    for key, label in ROWS:
+        r = result["returns"][key]
+        lines.append(f"{label:<26}{r['mean']:>14.4f} +- {r['std']:.4f}")
+    diff = result["transformer_minus_teacher"]
+    lines.append(f"{'transformer - teacher':<26}{diff['mean']:>14.4f} +- {diff['std']:.4f}")
+    tr = result["tracking"]
+    if tr["greedy_agreement"]["mean"] is not None:
+        lines.append(f"{'greedy-action agreement':<26}{100 * tr['greedy_agreement']['mean']:>13.2f}% "
+                     f"(min {100 * tr['greedy_agreement_min']:.1f}%)")
+        lines.append(f"{'rel. parameter distance':<26}{tr['rel_param_distance']['mean']:>14.2e} "
+                     f"(max {tr['rel_param_distance_max']:.2e})")
+    div = result["divergence"]
+    if div["mdps"]:
+        first = min(u for u in div["updates"] if u >= 0)
+        lines.append(f"{'diverged (NaN/Inf output)':<26}{div['mdps']:>7d} of {s['mdps']} MDPs, first at update {first}; "
+                     "their parameters stay frozen at the last finite value")
+    return "\n".join(lines)
+
+
+def write_json(result: dict, path) -> Path:
+    """Write the result atomically (temp file in the same directory, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def plot_returns(results: list[dict], path, labels: list[str] | None = None) -> Path:
+    """Return vs update: random, oracle (flat), teacher and transformer (mean +- std band) per result."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    cols = min(2, len(results))
+    rows = -(-len(results) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4 * rows), squeeze=False)
+    for ax in axes.ravel()[len(results):]:
+        ax.set_visible(False)
+    for ax, res, label in zip(axes.ravel(), results, labels or [None] * len(results)):
+        c = res["curves"]
+        it = np.asarray(c["iteration"])
+        for key, color in (("teacher", "tab:blue"), ("transformer", "tab:orange")):
+            mean, std = np.asarray(c[key]["mean"]), np.asarray(c[key]["std"])
+            ax.plot(it, mean, color=color, lw=1.5, ls="-" if key == "teacher" else "--", label=key)
+            ax.fill_between(it, mean - std, mean + std, color=color, alpha=0.12)
+        for key, color in (("oracle", "tab:green"), ("random", "tab:gray")):
+            ax.axhline(c[key]["mean"], color=color, lw=1.2, ls=":", label=key)
+        ax.set_xlabel("update (iteration of Algorithm 1)")
+        ax.set_ylabel("exact discounted return")
+        ax.set_title(label or f"{res['family']} ({res['origin']})", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return path
