@@ -8,6 +8,7 @@ DEFAULTS = {
     "linear-td": {"d": 4, "n": 30, "layers": 3, "gamma": 0.9, "states": 10},
     "softmax-td": {"d": 5, "n": 40, "layers": 6, "gamma": 0.9, "states": 5},
     "sarsa": {"d": None, "n": 64, "layers": 1, "gamma": 0.5, "states": 9},
+    "actor-critic": {"d": None, "n": 64, "layers": 1, "gamma": 0.5, "states": 9},
 }
 
 
@@ -30,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features", choices=["random", "onehot"], default=None,
                    help="Boyan features (default random for linear-td, onehot for softmax-td)")
     p.add_argument("--beta", type=float, default=1.0, help="scale of one-hot features")
+    p.add_argument("--critic-step", type=float, default=1.0,
+                   help="actor-critic: the critic's step (--alpha is the actor's step, as in reference.actor_critic_update)")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     p.add_argument("--seed", type=int, default=0, help="seed recorded for task sampling downstream")
     p.add_argument("--force", action="store_true", help="replace an existing checkpoint directory")
@@ -64,6 +67,15 @@ def run(args) -> int:
     from ..models import theta_star_model
 
     defaults = DEFAULTS[args.family]
+    if args.family == "actor-critic":
+        from .. import actor_critic
+
+        out = actor_critic.save_theta_star(
+            args.out, n_states=defaults["states"] if args.states is None else args.states, n_actions=args.actions,
+            n=defaults["n"] if args.n is None else args.n, gamma=defaults["gamma"] if args.gamma is None else args.gamma,
+            alpha=args.alpha, beta=args.critic_step, c=args.scale, dtype=args.dtype, overwrite=args.force)
+        print(f"wrote theta* actor-critic checkpoint {out} (sha256 {checkpoint.sha256(out)[:16]})")
+        return 0
     d, task = _task(args, defaults["d"])
     model = theta_star_model(
         args.family, d, n_layers=defaults["layers"] if args.layers is None else args.layers,

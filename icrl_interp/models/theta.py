@@ -80,6 +80,10 @@ def theta_star_model(
     score_scale: multiplies A* (softmax-td; beta^2 for one-hot x beta features).
     C: preconditioner of Wang's theta* (linear-td). alpha: one step, or one per layer (untied).
     """
+    if family == "actor-critic" and family not in THETA_STAR:
+        from .. import actor_critic  # registers its construction on first use
+
+        actor_critic.register()
     if family not in THETA_STAR:
         raise UserError(f"no theta* construction for family {family!r} (available: {', '.join(sorted(THETA_STAR))})")
     given = {"c": (c, 1.0), "score_scale": (score_scale, 1.0), "C": (C, None)}
