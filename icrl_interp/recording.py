@@ -34,21 +34,18 @@ def partial_path(path) -> Path:
 def chunk_shape(row_shape: tuple[int, ...], itemsize: int, batch_size: int | None = None) -> tuple[int, ...]:
     """Chunk of whole rows within [10 KiB, 1 MiB], as large as allowed.
 
-    When a batch size is given, the number of rows is a divisor of it, so every
-    full batch is a whole number of chunks and can be written chunk by chunk
-    without HDF5 reading anything back. A single row over 1 MiB is split along
+    Where a divisor of the batch size fits that range, the chunk has that many
+    rows, so every full batch is a whole number of chunks and goes to HDF5
+    without anything being read back. A single row over 1 MiB is split along
     its largest axes instead.
     """
     row = list(row_shape)
     row_bytes = max(int(np.prod(row, dtype=np.int64)) * itemsize, 1)
     if row_bytes <= CHUNK_MAX:
-        most = max(1, CHUNK_MAX // row_bytes)
-        rows = most
-        if batch_size:
-            divisors = [k for k in range(1, min(batch_size, most) + 1) if batch_size % k == 0]
-            aligned = divisors[-1]
-            rows = aligned if aligned * row_bytes >= CHUNK_MIN or aligned == batch_size else most
-        return (int(rows), *row)
+        lo, hi = -(-CHUNK_MIN // row_bytes), CHUNK_MAX // row_bytes
+        fits = [k for k in range(1, min(batch_size or 0, hi) + 1) if batch_size % k == 0 and k >= lo]
+        # unaligned: 64 KiB keeps small datasets small (HDF5 allocates whole chunks)
+        return (int(fits[-1] if fits else min(hi, max(lo, 64 * 1024 // row_bytes))), *row)
     while int(np.prod(row, dtype=np.int64)) * itemsize > CHUNK_MAX:
         i = int(np.argmax(row))
         row[i] = (row[i] + 1) // 2

@@ -1,0 +1,57 @@
+import h5py
+import numpy as np
+import pytest
+
+from icrl_interp.errors import UserError
+from icrl_interp.recording import CHUNK_MAX, CHUNK_MIN, Recording, RecordingWriter, bf16_to_float32, chunk_shape
+
+
+@pytest.mark.parametrize("row, itemsize, batch", [((3,), 8, 4), ((65, 65), 4, 512), ((1, 65, 65), 4, 7),
+                                                   ((2000, 2000), 4, 16), ((9,), 8, None), ((700, 200), 8, 3)])
+def test_chunks_stay_between_10kib_and_1mib(row, itemsize, batch):
+    chunk = chunk_shape(row, itemsize, batch)
+    nbytes = int(np.prod(chunk)) * itemsize
+    assert nbytes <= CHUNK_MAX
+    assert nbytes >= min(CHUNK_MIN, int(np.prod(row)) * itemsize)
+    if batch and chunk[1:] == row and CHUNK_MIN <= batch * int(np.prod(row)) * itemsize:
+        assert batch % chunk[0] == 0 or chunk[0] * int(np.prod(row)) * itemsize >= CHUNK_MIN
+
+
+def test_batch_aligned_chunks_are_written_whole(tmp_path):
+    w = RecordingWriter(tmp_path / "a.h5", {"family": "generic", "batch_size": 64})
+    data = np.arange(64 * 3 * 100, dtype=np.float64).reshape(3, 64, 100)
+    for i in range(3):
+        w.write_batch({"acts/x": data[i]})
+    w.write_batch({"acts/x": data[0][:10]})  # a last, partial batch
+    w.finish()
+    with Recording(tmp_path / "a.h5") as r:
+        np.testing.assert_array_equal(r.read("x"), np.concatenate([data[0], data[1], data[2], data[0][:10]]))
+        assert r.n_prompts == 202
+        assert [b["x"].shape[0] for b in r.iter_batches(batch_size=100)] == [100, 100, 2]
+
+
+def test_bf16_decoding_is_exact():
+    values = np.array([1.0, -2.5, 3.140625, 0.0], dtype=np.float32)
+    raw = (values.view(np.uint32) >> 16).astype(np.uint16)
+    np.testing.assert_array_equal(bf16_to_float32(raw), values)
+
+
+def test_reader_refuses_foreign_incomplete_and_corrupt_files(tmp_path):
+    (tmp_path / "text.h5").write_text("not hdf5")
+    with pytest.raises(UserError, match="not an HDF5 file"):
+        Recording(tmp_path / "text.h5")
+    with h5py.File(tmp_path / "foreign.h5", "w") as f:
+        f["x"] = np.zeros(3)
+    with pytest.raises(UserError, match="not an icrl_interp recording"):
+        Recording(tmp_path / "foreign.h5")
+    w = RecordingWriter(tmp_path / "b.h5", {"family": "generic", "batch_size": 4})
+    w.write_batch({"acts/x": np.zeros((4, 2))})
+    w.close()
+    with pytest.raises(UserError, match="incomplete"):
+        Recording(tmp_path / "b.h5.partial")
+    with Recording(tmp_path / "b.h5.partial", allow_incomplete=True) as r:
+        assert r.n_prompts == 4
+        with pytest.raises(UserError, match="no recorded hook 'y'"):
+            r.read("y")
+    with pytest.raises(UserError, match="no such recording"):
+        Recording(tmp_path / "missing.h5")
