@@ -94,7 +94,7 @@ def test_random_weights_follow_the_formula(family, m):
         assert_close(_forward(model, z), _numpy_lsa(P, V, z.numpy()), tol=1e-12)
 
 
-def test_lazy_blocks_start_at_zero_and_actor_critic_has_no_theta_star_yet():
+def test_lazy_blocks_start_at_zero_and_actor_critic_theta_star_registers_itself():
     for family, m in (("sarsa", None), ("actor-critic", 3)):
         model = build_model(ModelConfig(family, 2, m=m), seed=0)
         two = slice(model.layout.slice("param_one").start, model.config.D)
@@ -102,5 +102,6 @@ def test_lazy_blocks_start_at_zero_and_actor_critic_has_no_theta_star_yet():
             matrix = getattr(model.blocks[0].attn, name).detach()
             assert not matrix[two, two].any() and matrix.abs().sum() > 0
     assert build_model(ModelConfig("actor-critic", 2, m=3)).layout.names[-1] == "lam"
-    with raises_user("no theta*", "actor-critic"):
-        theta_star_model("actor-critic", 2, m=3)
+    star = theta_star_model("actor-critic", 2, m=3)  # icrl_interp.actor_critic registers on first use
+    two = slice(star.layout.slice("param_one").start, star.config.D)
+    assert not star.blocks[0].attn.P.detach()[two, two].any() and star.blocks[0].attn.P.detach().abs().sum() > 0
