@@ -17,6 +17,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-recordings", type=int, default=12,
                    help="per family, at most this many recordings get an attention / kernel figure (default 12)")
     p.add_argument("--title", default="icrl-interp report", help="page title")
+    p.add_argument("--control-mdps", type=int, default=20, metavar="N",
+                   help="in-context control of sarsa / actor-critic checkpoints: held-out MDPs (default 20; 0 disables)")
+    p.add_argument("--control-steps", type=int, default=200, metavar="T",
+                   help="in-context control: closed-loop updates per MDP (default 200)")
     p.add_argument("--analyzer", default=None, help=argparse.SUPPRESS)  # 'module:function', for tests
 
 
@@ -31,7 +35,9 @@ def run(args) -> int:
     if args.max_recordings < 0:
         raise UserError(f"--max-recordings must be non-negative, got {args.max_recordings}")
     config = ReportConfig(workers=args.workers, analyzer=args.analyzer or DEFAULT_ANALYZER, use_cache=not args.no_cache,
-                          svg=args.svg, embed=args.embed, max_recordings=args.max_recordings, title=args.title)
+                          svg=args.svg, embed=args.embed, max_recordings=args.max_recordings, title=args.title,
+                          control_mdps=args.control_mdps, control_steps=args.control_steps)
+    config.control()  # bad --control-* values fail before any work
     outcome = build_report(args.inputs, args.out, config)
     reused = sum(r.cached for r in outcome.results)
     print(text_table(outcome.results))

@@ -2,6 +2,8 @@
 
 `build_report(inputs, out_dir)` writes `<out>/summary.json`, `<out>/summary.csv`,
 `<out>/figures/*.png` and `<out>/index.html`, caching analyses in `<out>/cache/`.
+Checkpoints of the sarsa / actor-critic families also get a small in-context control
+evaluation (closed loop on held-out MDPs, `control_eval`), stored in their analysis.
 This package does not import transformer_lens (nor torch).
 """
 from __future__ import annotations
@@ -10,7 +12,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import check
 from .batch import DEFAULT_ANALYZER, ReportInput, Result, collect_inputs, run_batch, write_atomic, write_summaries
+from .control_eval import ControlSettings
 
 
 @dataclass
@@ -49,6 +53,20 @@ class ReportConfig:
     """Page title."""
     progress: bool = True
     """Show tqdm progress bars on stderr."""
+    control_mdps: int = ControlSettings.mdps
+    """Held-out MDPs of the in-context control evaluation of sarsa / actor-critic checkpoints; 0 disables it."""
+    control_steps: int = ControlSettings.iterations
+    """Closed-loop updates per MDP of that evaluation."""
+
+    def control(self) -> ControlSettings:
+        """The control settings, validated (UserError on a bad value)."""
+        for name in ("control_mdps", "control_steps"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                  f"{name.replace('_', '-')} must be a non-negative integer, got {value!r}")
+        check(self.control_steps >= 1 or self.control_mdps == 0,
+              f"control-steps must be at least 1 (or disable control with control-mdps 0), got {self.control_steps}")
+        return ControlSettings(mdps=self.control_mdps, iterations=self.control_steps)
 
 
 def build_report(inputs: list, out_dir, config: ReportConfig | None = None) -> ReportOutcome:
@@ -57,11 +75,12 @@ def build_report(inputs: list, out_dir, config: ReportConfig | None = None) -> R
     from .html import render
 
     config = config or ReportConfig()
+    control = config.control()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     items = collect_inputs(inputs)
     results = run_batch(items, out_dir, workers=config.workers, analyzer=config.analyzer,
-                        use_cache=config.use_cache, progress=config.progress)
+                        use_cache=config.use_cache, progress=config.progress, control=control)
     write_summaries(results, out_dir)
     figures = make_figures(results, out_dir, svg=config.svg, max_recordings=config.max_recordings,
                            log=lambda msg: print(f"warning: {msg}", file=sys.stderr))

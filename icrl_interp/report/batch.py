@@ -7,6 +7,8 @@ Each input is hashed by its bytes (a checkpoint: the names and bytes of its file
 is cached as `<out>/cache/<sha256>.json` and reused while the hash, the analyzer and the package
 version are unchanged. `summary.json` holds nothing that varies between runs on the same inputs
 (no times, no cache hits), so a re-run reproduces it byte for byte.
+Sarsa / actor-critic checkpoints also get a closed-loop control evaluation in their analysis job
+(`control_eval`, seeded); its settings are part of their cache entry.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from collections.abc import Callable
 
 from .._version import __version__
 from ..errors import UserError
+from .control_eval import CURVE_KEY, ControlSettings, wants_control
 
 ANALYSIS_SCHEMA = "icrl_interp.analysis/1"
 SUMMARY_SCHEMA = "icrl_interp.report/1"
@@ -268,18 +271,20 @@ def _cache_path(cache_dir: Path, sha: str) -> Path:
     return cache_dir / f"{sha}.json"
 
 
-def load_cached(cache_dir: Path, sha: str, analyzer: str) -> dict | None:
-    """The cached analysis for this hash, or None (absent, unreadable, other analyzer or version)."""
+def load_cached(cache_dir: Path, sha: str, analyzer: str, control: dict | None = None) -> dict | None:
+    """The cached analysis for this hash, or None (absent, unreadable, other analyzer, version or
+    control settings; `control` is ControlSettings.key() for inputs that get a control run, else None)."""
     data = _read_json(_cache_path(cache_dir, sha))
-    if data.get("schema") != CACHE_SCHEMA or data.get("analyzer") != analyzer or data.get("icrl_interp") != __version__:
+    if (data.get("schema") != CACHE_SCHEMA or data.get("analyzer") != analyzer or data.get("icrl_interp") != __version__
+            or data.get("control") != control):
         return None
     analysis = data.get("analysis")
     return analysis if isinstance(analysis, dict) else None
 
 
-def store_cached(cache_dir: Path, sha: str, analyzer: str, analysis: dict) -> None:
+def store_cached(cache_dir: Path, sha: str, analyzer: str, analysis: dict, control: dict | None = None) -> None:
     payload = {"schema": CACHE_SCHEMA, "sha256": sha, "analyzer": analyzer, "icrl_interp": __version__,
-               "analysis": analysis}
+               "control": control, "analysis": analysis}
     write_atomic(_cache_path(cache_dir, sha), dumps(payload))
 
 
@@ -334,12 +339,20 @@ def _one_line(exc: BaseException) -> str:
     return msg if isinstance(exc, UserError) else f"{type(exc).__name__}: {msg}".rstrip(": ")
 
 
-def analyze_job(analyzer: str, path: str) -> tuple[str, object]:
-    """Worker entry point: ('ok', analysis) or ('failed', one-line reason); never raises."""
+def analyze_job(analyzer: str, path: str, control: ControlSettings | None = None) -> tuple[str, object]:
+    """Worker entry point: ('ok', analysis) or ('failed', one-line reason); never raises.
+
+    With `control`, a successful analysis also gets the closed-loop control evaluation under its
+    `control` key (whose own failure is recorded there, not raised)."""
     try:
-        return "ok", normalise_analysis(resolve_analyzer(analyzer)(path))
+        analysis = normalise_analysis(resolve_analyzer(analyzer)(path))
     except Exception as e:  # noqa: BLE001 - every failure becomes a failed row, the batch goes on
         return "failed", _one_line(e)
+    if control is not None:
+        from .control_eval import evaluate
+
+        analysis["control"] = json.loads(dumps(evaluate(path, control)))
+    return "ok", analysis
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -355,11 +368,22 @@ def run_batch(
     analyzer: str = DEFAULT_ANALYZER,
     use_cache: bool = True,
     progress: bool = True,
+    control: ControlSettings | None = ControlSettings(),
 ) -> list[Result]:
-    """Hash every input, reuse cached analyses, analyze the rest (in `workers` processes when > 1)."""
+    """Hash every input, reuse cached analyses, analyze the rest (in `workers` processes when > 1).
+
+    With enabled `control` settings (default: ReportConfig's, 20 MDPs x 200 updates; None or 0 MDPs
+    disables), sarsa / actor-critic checkpoints also get a closed-loop control evaluation in the
+    same job (see control_eval)."""
     cache_dir = Path(out_dir) / "cache"
     results: list[Result] = []
     todo: list[int] = []
+    controls: dict[int, ControlSettings] = {}
+
+    def control_for(item: ReportInput) -> ControlSettings | None:
+        on = control is not None and control.enabled and wants_control(item.kind, item.meta.get("family"))
+        return control if on else None
+
     with _progress(len(inputs), "hashing", progress) as bar:
         for item in inputs:
             bar.update()
@@ -371,8 +395,12 @@ def run_batch(
             except OSError as e:
                 results.append(Result(item, "failed", error=f"cannot read: {e.strerror or e}"))
                 continue
-            cached = load_cached(cache_dir, sha, analyzer) if use_cache else None
+            ctl = control_for(item)
+            ctl_key = ctl.key() if ctl else None
+            cached = load_cached(cache_dir, sha, analyzer, ctl_key) if use_cache else None
             results.append(Result(item, "ok" if cached else "pending", sha256=sha, analysis=cached, cached=bool(cached)))
+            if ctl:
+                controls[len(results) - 1] = ctl
             if not cached:
                 todo.append(len(results) - 1)
 
@@ -380,7 +408,8 @@ def run_batch(
         r = results[i]
         if status == "ok":
             r.status, r.analysis = "ok", value
-            store_cached(cache_dir, r.sha256, analyzer, value)
+            ctl = controls.get(i)
+            store_cached(cache_dir, r.sha256, analyzer, value, ctl.key() if ctl else None)
         else:
             # analyzers name the file in their messages; the row names it already
             prefix = f"{r.input.path}: "
@@ -389,13 +418,14 @@ def run_batch(
     with _progress(len(todo), "analyzing", progress) as bar:
         if workers <= 1 or len(todo) <= 1:
             for i in todo:
-                finish(i, *analyze_job(analyzer, str(results[i].input.path)))
+                finish(i, *analyze_job(analyzer, str(results[i].input.path), controls.get(i)))
                 bar.update()
         else:
             # spawn, not fork: the parent may hold threads (BLAS, torch) that fork would copy mid-lock
             ctx = multiprocessing.get_context("spawn")
             with cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
-                futures = {pool.submit(analyze_job, analyzer, str(results[i].input.path)): i for i in todo}
+                futures = {pool.submit(analyze_job, analyzer, str(results[i].input.path), controls.get(i)): i
+                           for i in todo}
                 for fut in cf.as_completed(futures):
                     try:
                         finish(futures[fut], *fut.result())
@@ -448,8 +478,9 @@ def summary_row(r: Result) -> dict:
             if r.analysis.get(key) is not None:
                 row[key] = r.analysis[key]
         for key, value in flatten(r.analysis).items():
-            # schema is fixed; the analyzer's source / kind / family repeat the columns above
-            if key not in row and key != "schema":
+            # schema is fixed; the analyzer's source / kind / family repeat the columns above;
+            # the control curves are for the figure (and the cache), not for a table cell
+            if key not in row and key != "schema" and not key.startswith(CURVE_KEY + "."):
                 row[key] = value
     return _plain(row)
 

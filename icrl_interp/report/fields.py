@@ -112,3 +112,15 @@ def kernel_mins(r: Result) -> dict[int, tuple[float, float | None]]:
         if isinstance(layer, int) and mn is not None:
             out[layer] = (mn, kernel_of({"kernel_diagonality": kd})[1])
     return out
+
+
+def control_of(r: Result) -> dict | None:
+    """The in-context control section of an analysis (report.control_eval), None when absent."""
+    c = get(r.analysis, "control")
+    return c if isinstance(c, dict) else None
+
+
+def control_returns(r: Result) -> tuple[float | None, float | None]:
+    """(transformer, teacher) mean exact return at the final closed-loop update, None where absent."""
+    c = control_of(r)
+    return (num(get(c, "returns", "transformer", "mean")), num(get(c, "returns", "teacher", "mean")))

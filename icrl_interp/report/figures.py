@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from .batch import Result
-from .fields import get, is_theta_star, kernel_mins, kernel_of, label_of, last_layer, layer_values, layers_of, max_rel_err, num, representatives
+from .fields import control_of, get, is_theta_star, kernel_mins, kernel_of, label_of, last_layer, layer_values, layers_of, max_rel_err, num, representatives
 
 Array = np.ndarray
 PATTERN_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
@@ -386,6 +386,70 @@ def td_probe_figure(family: str, results: list[Result]) -> Figure | None:
     return fig
 
 
+# ------------------------------------------------------------------ in-context control
+TEACHER_COLOR = "tab:blue"
+ORACLE_COLOR = "tab:green"
+# transformer lines avoid the colours of the teacher, the oracle and the random level
+_TF_COLORS = ("tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+
+
+def control_curves(r: Result) -> dict | None:
+    """(iteration, teacher mean, transformer mean, random, oracle) of an input's control run, as arrays
+    of equal length and floats; None when it has no usable curves (disabled, failed, malformed)."""
+    c = get(control_of(r), "curves")
+    try:
+        it = np.asarray(c["iteration"], dtype=np.float64)
+        teacher = np.asarray(c["teacher"]["mean"], dtype=np.float64)
+        tf = np.asarray(c["transformer"]["mean"], dtype=np.float64)
+        random, oracle = num(c["random"]), num(c["oracle"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    if it.ndim != 1 or it.size < 2 or teacher.shape != it.shape or tf.shape != it.shape:
+        return None
+    return {"iteration": it, "teacher": teacher, "transformer": tf, "random": random, "oracle": oracle}
+
+
+def control_figure(family: str, results: list[Result]) -> Figure | None:
+    """Exact return vs closed-loop update: teacher, each checkpoint's transformer, random and oracle levels."""
+    shown = [(r, cv) for r in representatives([r for r in results if r.status == "ok"])
+             if (cv := control_curves(r)) is not None][:MAX_LINES]
+    if not shown:
+        return None
+    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+    ax = fig.subplots()
+    # teacher / random / oracle depend only on the MDPs and the update rule: draw each distinct one once
+    teachers = {tuple(np.round(cv["teacher"], 12)) for _, cv in shown}
+    drawn_teachers: set = set()
+    levels: dict[str, set] = {"random": set(), "oracle": set()}
+    distinct = {name: {round(cv[name], 12) for _, cv in shown if cv[name] is not None} for name in levels}
+    for i, (r, cv) in enumerate(shown):
+        key = tuple(np.round(cv["teacher"], 12))
+        if key not in drawn_teachers:
+            drawn_teachers.add(key)
+            who = f" (for {label_of(r)})" if len(teachers) > 1 else ""
+            ax.plot(cv["iteration"], cv["teacher"], color=TEACHER_COLOR, linewidth=4, alpha=0.45,
+                    label=f"analytic teacher{who}")
+        theta = is_theta_star(r)
+        ax.plot(cv["iteration"], cv["transformer"], color=THETA_STAR_COLOR if theta else _TF_COLORS[i % len(_TF_COLORS)],
+                linestyle="--", linewidth=1.4, label=f"transformer: {label_of(r)}")
+        for name, color, what in (("oracle", ORACLE_COLOR, "oracle (value iteration)"),
+                                  ("random", CONTROL_COLOR, "random policy")):
+            value = cv[name]
+            if value is not None and round(value, 12) not in levels[name]:
+                levels[name].add(round(value, 12))
+                ax.axhline(value, color=color, linestyle=":", linewidth=1.5,
+                           label=what if len(distinct[name]) == 1 else f"{what} (for {label_of(r)})")
+    settings = get(control_of(shown[0][0]), "settings") or {}
+    mdps = settings.get("mdps")
+    ax.set_xlabel("closed-loop update (iteration of Algorithm 1)")
+    ax.set_ylabel("exact discounted return (mean over MDPs)")
+    ax.set_title(f"{family}: in-context control on {mdps} held-out MDPs\n"
+                 "good: transformer on top of the teacher; oracle is the ceiling, random the floor")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return fig
+
+
 # ------------------------------------------------------------------ training trends
 TREND_METRICS = [
     # (title, y label, extractor, reference value for θ*, log scale)
@@ -508,6 +572,13 @@ FAMILY_FIGURES = [
     ("td-probe", "TD-error probe R² per layer", td_probe_figure,
      "Held-out R² (split by task) of a ridge probe from the activations to the reference TD error δ. "
      "Dotted: the same probe on shuffled labels, which must stay near 0."),
+    ("control", "In-context control: return vs closed-loop update", control_figure,
+     "Paper (b)'s Algorithm 1 on held-out random MDPs (fixed seed): each update samples n steps with the current "
+     "parameters, builds the prompt and sets the parameters to the output. y: the exact discounted return of the "
+     "acting policy from the start distribution (solved from P, R and the policy, not sampled), mean over MDPs. "
+     "Thick blue: the analytic teacher (the reference update iterated); dashed: each checkpoint's transformer fed "
+     "its own output (θ* black); dotted: the oracle (value iteration, the ceiling) and the uniform random policy. "
+     "Good: the transformer's curve lies on the teacher's (θ* exactly) and both rise towards the oracle."),
 ]
 
 

@@ -2,11 +2,13 @@
 
 Kernel diagonality is summarised by its worst layer (min over layers of min_s M(s,s), and the
 margin of that layer; M̂ from a recording, else the population kernel M_π of a checkpoint); the probe R² and value error by the last layer.
+In-context control (sarsa / actor-critic checkpoints) by the transformer's and the teacher's mean
+exact return at the final closed-loop update ('error' when the evaluation failed).
 """
 from __future__ import annotations
 
 from .batch import Result
-from .fields import get, kernel_mins, label_of, layers_of, max_rel_err, num
+from .fields import control_of, control_returns, get, kernel_mins, label_of, layers_of, max_rel_err, num
 
 # (column key, header, format)
 COLUMNS = [
@@ -23,6 +25,7 @@ COLUMNS = [
     ("kernel_margin", "margin vs (1+γ)/2", "{:+.3f}"),
     ("td_probe_r2", "TD-probe R² (last layer)", "{:.3f}"),
     ("value_error", "value error (last layer)", "{:.3g}"),
+    ("control_return", "control return (tf/teacher)", "{}"),
 ]
 
 
@@ -43,6 +46,7 @@ def headline(r: Result) -> dict:
         "kernel_margin": None,
         "td_probe_r2": None,
         "value_error": None,
+        "control_return": None,
     }
     layers = layers_of(r)
     kernels = kernel_mins(r)
@@ -52,6 +56,12 @@ def headline(r: Result) -> dict:
     for key in ("td_probe_r2", "value_error"):
         vals = [num(layer.get(key)) for layer in layers if num(layer.get(key)) is not None]
         out[key] = vals[-1] if vals else None
+    tf, teacher = control_returns(r)
+    if tf is not None and teacher is not None:
+        diverged = num(get(control_of(r), "diverged_mdps"))
+        out["control_return"] = f"{tf:.3f}/{teacher:.3f}" + (" (NaN)" if diverged else "")
+    elif control_of(r) and control_of(r).get("error"):
+        out["control_return"] = "error"
     return out
 
 

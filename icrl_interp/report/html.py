@@ -13,6 +13,7 @@ from pathlib import Path
 from .._version import __version__
 from .batch import Result
 from .figures import FigureInfo
+from .fields import control_of, get, label_of, num
 from .headline import COLUMNS, formatted
 
 CSS = """
@@ -65,6 +66,51 @@ def _figure(info: FigureInfo, report_dir: Path, embed: bool) -> str:
     return "".join(parts)
 
 
+def _pm(stats) -> str:
+    mean, std = num(get(stats, "mean")), num(get(stats, "std"))
+    return "—" if mean is None else f"{mean:.3f} ± {std:.3f}" if std is not None else f"{mean:.3f}"
+
+
+def _fmt(value, spec: str) -> str:
+    return "—" if num(value) is None else format(num(value), spec)
+
+
+CONTROL_HEADERS = ("input", "random", "teacher", "transformer", "oracle", "transformer − teacher",
+                   "greedy agreement", "rel. param. distance (mean / max)", "note")
+
+
+def _control_table(members: list[Result]) -> str:
+    """Final-update returns (mean ± std over MDPs) and teacher tracking of every input with a control run."""
+    rows = []
+    for r in members:
+        c = control_of(r)
+        if c is None:
+            continue
+        ret, tr = c.get("returns"), c.get("tracking")
+        agree, agree_min = num(get(tr, "greedy_agreement")), num(get(tr, "greedy_agreement_min"))
+        cells = [label_of(r), _pm(get(ret, "random")), _pm(get(ret, "teacher")), _pm(get(ret, "transformer")),
+                 _pm(get(ret, "oracle")), _pm(c.get("transformer_minus_teacher")),
+                 "—" if agree is None else f"{100 * agree:.2f}% (min {_fmt(100 * agree_min if agree_min is not None else None, '.1f')}%)",
+                 f"{_fmt(get(tr, 'rel_param_distance'), '.2e')} / {_fmt(get(tr, 'rel_param_distance_max'), '.2e')}",
+                 str(c.get("error") or "")]
+        tds = "".join(f'<td class="{"l" if i in (0, len(cells) - 1) else ""}{" err" if i == len(cells) - 1 else ""}">'
+                      f"{escape(x)}</td>" for i, x in enumerate(cells))
+        rows.append(f"<tr>{tds}</tr>")
+    if not rows:
+        return ""
+    s = next((get(control_of(r), "settings") for r in members if get(control_of(r), "settings")), {}) or {}
+    head = "".join(f'<th class="{"l" if i in (0, len(CONTROL_HEADERS) - 1) else ""}">{escape(h)}</th>'
+                   for i, h in enumerate(CONTROL_HEADERS))
+    return ('<div class="control"><h3>In-context control: numbers</h3>'
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            f'<p class="caption">Exact discounted return at the final closed-loop update, mean ± std over '
+            f"{escape(str(s.get('mdps', '?')))} held-out MDPs ({escape(str(s.get('iterations', '?')))} updates, seed "
+            f"{escape(str(s.get('seed', '?')))}); greedy agreement: share of (state, update) pairs where the "
+            "transformer's greedy action is a greedy action of the teacher's step on the same prompt; relative "
+            "parameter distance ‖θ_tf − θ_teacher‖ / ‖θ_teacher‖ per update. Good: transformer ≈ teacher (θ*: "
+            "equal, agreement 100 %, distance ~1e-16), both well above random and below the oracle.</p></div>")
+
+
 def _anchor(family: str) -> str:
     return "family-" + "".join(c if c.isalnum() else "-" for c in family)
 
@@ -103,7 +149,8 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
         '<p class="caption">What good looks like: in-support energy 1, manifold relative error 0 and gauge '
         "cosine 1 (θ* up to the scale gauge), sign pattern <code>+,+,-</code> (R + γv′ − v), lazy drift 0, "
         "kernel-diagonality margin above 0 (every min_s M̂(s,s) above (1+γ)/2), TD-probe R² near 1, and "
-        "small value error. Worst layer for the kernel; last layer for the probe and the value error.</p>"
+        "small value error. Worst layer for the kernel; last layer for the probe and the value error. "
+        "In-context control (sarsa / actor-critic checkpoints): the transformer's return equal to the teacher's.</p>"
     )
     out.append("<h2>All inputs</h2>")
     out.append(_table(results))
@@ -116,5 +163,6 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
             out.append('<p class="muted">No figure: these inputs hold none of the fields the figures need.</p>')
         for info in drawn:
             out.append(_figure(info, report_dir, embed))
+        out.append(_control_table(members))
     out.append("</body></html>\n")
     return "\n".join(out)
