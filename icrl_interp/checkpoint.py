@@ -4,7 +4,7 @@
 analyzers can open checkpoints cheaply; `load` builds the torch model. Every
 loader path validates the whole checkpoint and raises `UserError` naming the
 problem; no byte of a foreign file is ever unpickled or executed.
-See docs/models.md for the field-by-field contract.
+See the README (section "Checkpoint format") for the field-by-field contract.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One call from an input (checkpoint, recording, TL weights) to the analysis JSON contract.
 
 `analyze(path)` returns a dict with schema `icrl_interp.analysis/1` (every field is
-documented in docs/analyzers.md); `analyze_many(paths, workers)` runs inputs in
+documented in the README, section Analyzers); `analyze_many(paths, workers)` runs inputs in
 parallel processes and returns one row per input, a failing input giving a row
 with an "error" field. A recording is read once, in chunks of prompts whose size
 is bounded by a memory budget, and every activation analyzer is fed from the same

@@ -324,7 +324,7 @@ def _layer_fit(family: str, layer: int, pairs: dict, layout: PromptLayout) -> di
 
 def analyze_weights(family: str, params: dict[str, np.ndarray], theta: dict[str, np.ndarray],
                     layout: PromptLayout) -> dict:
-    """The `weights` section of the analysis contract (see docs/analyzers.md).
+    """The `weights` section of the analysis contract (see the README, section Analyzers).
 
     Top-level manifold fields and sign_pattern describe the last parameter layer (the only
     one when weights are tied or for LSA); `manifold.per_layer` lists every layer. Without a
