@@ -7,6 +7,8 @@ exact return at the final closed-loop update ('error' when the evaluation failed
 """
 from __future__ import annotations
 
+import textwrap
+
 from .batch import Result
 from .fields import control_of, control_returns, get, kernel_mins, label_of, layers_of, max_rel_err, num
 
@@ -71,15 +73,26 @@ def formatted(r: Result) -> dict[str, str]:
     return {key: "—" if raw[key] in (None, "") else fmt.format(raw[key]) for key, _, fmt in COLUMNS}
 
 
+# Terminal headers: short enough that the table fits one screen; LEGEND spells them out.
+SHORT = {"in_support_energy": "energy", "manifold_rel_err": "rel.err", "gauge_cosine": "gauge",
+         "sign_pattern": "signs", "lazy_drift": "lazy", "kernel_min": "diag", "kernel_margin": "margin",
+         "td_probe_r2": "probe R²", "value_error": "v.err", "control_return": "control"}
+LEGEND = ("energy: in-support energy · rel.err: manifold relative error (max block) · gauge: gauge cosine · "
+          "signs: value-row sign pattern · lazy: lazy-block drift · diag / margin: min kernel diagonal and its "
+          "margin over (1+γ)/2 (worst layer) · probe R²: TD-probe R² · v.err: value error (last layer) · "
+          "control: closed-loop return, transformer/teacher")
+
+
 def text_table(results: list[Result], width: int = 28) -> str:
     """A plain-text table for the terminal, failed inputs listed with their reasons below it."""
     rows = [formatted(r) for r in results]
-    cols = [(k, h) for k, h, _ in COLUMNS]
+    cols = [(k, SHORT.get(k, h)) for k, h, _ in COLUMNS if k != "status"]
     for row in rows:
         row["label"] = row["label"] if len(row["label"]) <= width else "…" + row["label"][-(width - 1):]
     widths = {k: max(len(h), *(len(row[k]) for row in rows)) if rows else len(h) for k, h in cols}
     lines = ["  ".join(h.ljust(widths[k]) for k, h in cols)]
     lines += ["  ".join(row[k].ljust(widths[k]) for k, _ in cols) for row in rows]
+    lines += ["", *textwrap.wrap(LEGEND, 110)]
     failed = [r for r in results if r.status != "ok"]
     if failed:
         lines.append("")
