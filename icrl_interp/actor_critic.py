@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from jaxtyping import Float, Int
 
-from . import envs, layouts, reference
+from . import envs, layouts, reference, sampling
 from . import validate as V
 from .errors import UserError
 from .theta_star import sarsa_blocks
@@ -156,12 +156,6 @@ def split(params: Float[Array, "*batch dm"], d: int) -> tuple[np.ndarray, np.nda
 
 
 # ------------------------------------------------------------- reference
-def _unscale(rows: np.ndarray, factors: np.ndarray) -> np.ndarray:
-    """rows / factors along the column axis, 0 where the factor is 0 (those rows carry nothing)."""
-    safe = np.where(factors > 0, factors, 1.0)
-    return np.where(factors[None, :, None] > 0, rows / safe[None, :, None], 0.0)
-
-
 def reference_from_prompt(z: Float[Array, "batch pos d_model"], d: int, m: int, gamma: float, alpha: float,
                           beta: float) -> dict[str, np.ndarray]:
     """The reference actor-critic step on prompts in the actor-critic layout (output = [w'; lam'])."""
@@ -171,11 +165,11 @@ def reference_from_prompt(z: Float[Array, "batch pos d_model"], d: int, m: int, 
     ctx = z[:, :-1]
     n = ctx.shape[1]
     phi = ctx[..., lay.slice("phi")]
-    phi_next = _unscale(ctx[..., lay.slice("gamma_phi_next")], np.full(n, gamma))
-    scores = _unscale(ctx[..., lay.slice("score")], gamma ** np.arange(n))
+    phi_next = sampling.unscale(ctx[..., lay.slice("gamma_phi_next")], np.full(n, gamma))
+    scores = sampling.unscale(ctx[..., lay.slice("score")], gamma ** np.arange(n))
     rewards, w, lam = ctx[..., lay.slice("reward")][..., 0], z[:, -1, lay.slice("w")], z[:, -1, lay.slice("lam")]
     w_new, lam_new = reference.actor_critic_update(phi, phi_next, rewards, scores, w, lam, gamma, alpha, beta)
-    delta = rewards + gamma * np.einsum("bnd,bd->bn", phi_next, w) - np.einsum("bnd,bd->bn", phi, w)
+    delta = reference.td_errors(phi, phi_next, rewards, w, gamma)
     return {"td_errors": delta[:, None, :], "output": np.concatenate([w_new, lam_new], -1), "w": w, "lam": lam}
 
 
@@ -183,7 +177,6 @@ def reference_from_prompt(z: Float[Array, "batch pos d_model"], d: int, m: int, 
 def sample_prompt_batch(config: dict, task, batch: int, rng: np.random.Generator):
     """Recording prompts of an actor-critic checkpoint: random MDPs, w and lam ~ N(0, w_scale^2 I),
     n steps of pi_lam each; with the reference step on the same prompts (a `sampling.PromptBatch`)."""
-    from .sampling import PromptBatch
 
     d, m, gamma = int(config["d"]), int(config["m"]), float(config["gamma"])
     phi_pi = tabular_policy_features(d, m, task.n_states, task.n_actions)
@@ -193,11 +186,9 @@ def sample_prompt_batch(config: dict, task, batch: int, rng: np.random.Generator
     pi = policy(lam, phi_pi)
     traj = mdp.sample(pi, task.n, rng)
     prompt = prompt_from_mdp(mdp, traj, w, lam, phi_pi)
-    P_pi, _ = mdp.policy_mrp(pi)
-    tasks = {"P": mdp.P, "r": mdp.R, "stationary": envs.stationary_distribution(P_pi),
-             "values": mdp.state_values(pi), "q_values": mdp.q_values(pi), "policy": pi}
+    tasks = sampling.mdp_task_data(mdp, pi)
     alpha, beta = steps_of(config)
-    return PromptBatch(prompt, tasks, reference_from_prompt(prompt.z, d, m, gamma, alpha, beta))
+    return sampling.PromptBatch(prompt, tasks, reference_from_prompt(prompt.z, d, m, gamma, alpha, beta))
 
 
 def tabular_policy_features(d: int, m: int, n_states: int, n_actions: int) -> np.ndarray:

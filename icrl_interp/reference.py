@@ -143,6 +143,17 @@ def tabular_td(
 
 
 # ------------------------------------------------ SARSA and actor-critic
+def td_errors(
+    phi: Float[Array, "batch n d"],
+    phi_next: Float[Array, "batch n d"],
+    rewards: Float[Array, "batch n"],
+    w: Float[Array, "batch d"],
+    gamma: float,
+) -> Float[Array, "batch n"]:
+    """delta_i = r_{i+1} + gamma w.phi+_i - w.phi_i for every transition of every prompt."""
+    return rewards + gamma * np.einsum("bnd,bd->bn", phi_next, w) - np.einsum("bnd,bd->bn", phi, w)
+
+
 def sarsa_update(
     phi: Float[Array, "batch n d"],
     phi_next: Float[Array, "batch n d"],
@@ -158,7 +169,7 @@ def sarsa_update(
     V.shape("rewards", rewards, (B, n))
     V.shape("w", w, (B, d))
     gamma = V.discount(gamma)
-    delta = rewards + gamma * np.einsum("bnd,bd->bn", phi_next, w) - np.einsum("bnd,bd->bn", phi, w)
+    delta = td_errors(phi, phi_next, rewards, w, gamma)
     return w + (alpha / n) * np.einsum("bn,bnd->bd", delta, phi)
 
 
@@ -201,7 +212,7 @@ def actor_critic_update(
     V.shape("scores", scores, (B, n, None))
     V.shape("lam", lam, (B, scores.shape[-1]))
     gamma = V.discount(gamma)
-    delta = rewards + gamma * np.einsum("bnd,bd->bn", phi_next, w) - np.einsum("bnd,bd->bn", phi, w)
+    delta = td_errors(phi, phi_next, rewards, w, gamma)
     w_new = w + (beta / n) * np.einsum("bn,bnd->bd", delta, phi)
     disc = gamma ** np.arange(n)
     lam_new = lam + (alpha / n) * np.einsum("n,bn,bnm->bm", disc, delta, scores)

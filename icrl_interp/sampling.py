@@ -122,15 +122,23 @@ def _sarsa(task: TaskSpec, d: int, gamma: float, alpha: float, batch: int, rng) 
     pi = envs.epsilon_greedy(w.reshape(batch, task.n_states, task.n_actions), task.epsilon)
     traj = mdp.sample(pi, task.n, rng)
     prompt = layouts.sarsa_prompt_from_mdp(mdp, traj, w)
-    P_pi, _ = mdp.policy_mrp(pi)
-    tasks = {"P": mdp.P, "r": mdp.R, "stationary": envs.stationary_distribution(P_pi),
-             "values": mdp.state_values(pi), "q_values": mdp.q_values(pi), "policy": pi}
+    tasks = mdp_task_data(mdp, pi)
     return PromptBatch(prompt, tasks, reference_from_prompt("sarsa", prompt.z, 1, gamma, alpha))
 
 
-def _unscale(gamma_phi_next: np.ndarray, gamma: float) -> np.ndarray:
-    """phi(s') from the gamma * phi(s') rows (irrelevant, so zero, when gamma = 0)."""
-    return gamma_phi_next / gamma if gamma > 0 else np.zeros_like(gamma_phi_next)
+def unscale(rows: np.ndarray, factors) -> np.ndarray:
+    """Undo a per-column scaling of prompt rows (e.g. gamma * phi(s'), gamma^i g_i): rows / factors
+    along the column axis, and 0 where the factor is 0 (those rows then carry nothing)."""
+    factors = np.broadcast_to(np.asarray(factors, dtype=np.float64), rows.shape[1:2])
+    safe = np.where(factors > 0, factors, 1.0)
+    return np.where(factors[None, :, None] > 0, rows / safe[None, :, None], 0.0)
+
+
+def mdp_task_data(mdp: envs.MDPBatch, pi: np.ndarray) -> dict[str, np.ndarray]:
+    """What a recording stores about MDP tasks under the behaviour policy pi."""
+    P_pi, _ = mdp.policy_mrp(pi)
+    return {"P": mdp.P, "r": mdp.R, "stationary": envs.stationary_distribution(P_pi),
+            "values": mdp.state_values(pi), "q_values": mdp.q_values(pi), "policy": pi}
 
 
 def reference_from_prompt(family: str, z: np.ndarray, n_layers: int, gamma: float, alpha: float,
@@ -145,7 +153,7 @@ def reference_from_prompt(family: str, z: np.ndarray, n_layers: int, gamma: floa
     if family == "linear-td":
         lay = layouts.td_layout((d_model - 1) // 2)
         ctx = z[:, :-1]
-        trace = reference.batch_td(ctx[..., lay.slice("phi")], _unscale(ctx[..., lay.slice("gamma_phi_next")], gamma),
+        trace = reference.batch_td(ctx[..., lay.slice("phi")], unscale(ctx[..., lay.slice("gamma_phi_next")], gamma),
                                    ctx[..., lay.slice("reward")][..., 0], z[:, -1, lay.slice("phi")], gamma, alpha, n_layers)
         return {"td_errors": trace.td_errors, "values": trace.query_values[..., None],
                 "output": trace.query_values[:, -1:], "w": trace.w}
@@ -158,9 +166,9 @@ def reference_from_prompt(family: str, z: np.ndarray, n_layers: int, gamma: floa
     if family == "sarsa":
         lay = layouts.sarsa_layout((d_model - 2) // 3)
         ctx = z[:, :-1]
-        phi, phi_next = ctx[..., lay.slice("phi")], _unscale(ctx[..., lay.slice("gamma_phi_next")], gamma)
+        phi, phi_next = ctx[..., lay.slice("phi")], unscale(ctx[..., lay.slice("gamma_phi_next")], gamma)
         rewards, w = ctx[..., lay.slice("reward")][..., 0], z[:, -1, lay.slice("w")]
-        delta = rewards + gamma * np.einsum("bnd,bd->bn", phi_next, w) - np.einsum("bnd,bd->bn", phi, w)
+        delta = reference.td_errors(phi, phi_next, rewards, w, gamma)
         return {"td_errors": delta[:, None, :], "output": reference.sarsa_update(phi, phi_next, rewards, w, gamma, alpha),
                 "w": w}
     raise UserError(f"no reference algorithm for family {family!r}")
