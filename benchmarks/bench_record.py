@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from icrl_interp import checkpoint, probe_spec, recorder, sampling
+from icrl_interp import checkpoint, probe_spec, recorder
 from icrl_interp.models import theta_star_model
 
 
@@ -32,7 +32,7 @@ def _model_and_prompts(args):
     config = checkpoint.make_config(model.config, {"task": {"kind": "boyan", "n": args.n, "n_states": 10,
                                                             **({"features": "onehot"} if args.family == "softmax-td" else {})},
                                                    "origin": model.origin})
-    z = sampling.sample_batch(config, args.prompts, 0).prompt.z.astype(np.float32)
+    z = config.sample(args.prompts, 0).prompt.z.astype(np.float32)
     return model, config, z
 
 

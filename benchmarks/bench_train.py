@@ -15,7 +15,7 @@ import time
 
 from icrl_interp.train import config_for, train
 
-# The reproduction configurations (README, section "Reproductions"); steps shortened unless --full.
+# The reproduction configurations (docs/reproductions.md); steps shortened unless --full.
 REPRO = {
     "linear-td": dict(steps=400, tasks_per_step=10, lr=2e-2, lr_decay=0.99, lr_decay_every=10, eval_tasks=256),
     "softmax-td": dict(steps=2000, eval_tasks=256),

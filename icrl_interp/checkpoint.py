@@ -4,86 +4,69 @@
 analyzers can open checkpoints cheaply; `load` builds the torch model. Every
 loader path validates the whole checkpoint and raises `UserError` naming the
 problem; no byte of a foreign file is ever unpickled or executed.
-See the README (section "Checkpoint format") for the field-by-field contract.
+See docs/formats.md, section Checkpoints, for the field-by-field contract.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import numbers
-import os
-import shutil
-import tempfile
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from ._version import __version__
+from . import registry
 from .errors import UserError
-from .models.config import ModelConfig
+from .files import atomic_dir
+from .models.config import FORMAT_VERSION, CheckpointConfig, ModelConfig, check_meta
+from .sampling import TaskSpec
 
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 _MAX_HEADER = 100 * 2**20
 _SAFETENSORS_DTYPES = {"F32": "float32", "F64": "float64"}
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
-# Keys this format defines beyond the model fields; other keys are kept and ignored.
-_META_KEYS = ("n", "task", "origin", "seed")
 
 
 # ------------------------------------------------------------------ config
-def make_config(model_config: ModelConfig, extras: Mapping | None = None, origin: dict | None = None) -> dict:
-    """The config.json dict of a model config plus task / origin / seed / n (and any extra keys)."""
+def make_config(model_config: ModelConfig, extras: Mapping | None = None, origin: dict | None = None) -> CheckpointConfig:
+    """The checkpoint config of a model config plus task / origin / seed / n / training (other keys kept).
+
+    `task` may omit `family` (the model's family is used) and `n` may be given beside it.
+    """
     extras = dict(extras or {})
     fields = model_config.to_dict()
     for key in ModelConfig.field_names():
         if key in extras and extras[key] != fields[key]:
             raise UserError(f"extras say {key} = {extras[key]!r} but the model has {key} = {fields[key]!r}")
-    config = {"format_version": FORMAT_VERSION}
-    config.update({k: fields[k] for k in ("family", "d")})
-    config["n"] = extras.get("n")
-    config.update({k: fields[k] for k in ("n_layers", "D", "gamma", "alpha", "form", "tied", "m", "activation", "dtype", "layout")})
-    config["task"] = extras.get("task")
-    config["origin"] = extras.get("origin") or origin or {"kind": "unknown"}
-    config["seed"] = extras.get("seed")
-    config["package_version"] = __version__
-    for key, value in extras.items():
-        if key not in config and key not in ModelConfig.field_names():
-            config[key] = value
-    validate_config(config)
-    return config
+    family = registry.get(model_config.family)
+    task = extras.get("task")
+    if task is not None and not isinstance(task, Mapping):
+        raise UserError(f"task must be an object or None, got {task!r}")
+    task = dict(task or {})
+    n = extras.get("n")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise UserError(f"n must be a positive integer or None, got {n!r}")
+        if task.get("n", n) != n:
+            raise UserError(f"extras say n = {n} but the task has n = {task['n']}")
+        task["n"] = int(n)
+    check_meta({"origin": extras.get("origin") or origin or {"kind": "unknown"}, "training": extras.get("training"),
+                 "seed": extras.get("seed")})
+    skip = set(ModelConfig.field_names()) | {"task", "n", "origin", "seed", "training", "format_version",
+                                             "package_version", "model", "D", "layout", "architecture"}
+    return CheckpointConfig(
+        model=model_config, task=TaskSpec.from_dict(task, model_config.family, family.task_kind),
+        origin=extras.get("origin") or origin or {"kind": "unknown"}, training=extras.get("training"),
+        seed=extras.get("seed"), package_version=__version__,
+        extra={k: v for k, v in extras.items() if k not in skip})
 
 
-def validate_config(config) -> ModelConfig:
-    """Check a config.json dict; returns the model config it describes."""
-    if not isinstance(config, dict):
-        raise UserError(f"config.json must hold a JSON object, got {type(config).__name__}")
-    version = config.get("format_version")
-    if version is None:
-        raise UserError("config.json has no format_version (is this an icrl_interp checkpoint?)")
-    if isinstance(version, bool) or not isinstance(version, int) or version not in SUPPORTED_VERSIONS:
-        raise UserError(f"unsupported checkpoint format_version {version!r} (this icrl_interp {__version__} reads "
-                        f"{', '.join(map(str, SUPPORTED_VERSIONS))})")
-    missing = [k for k in ("family", "d", "n_layers", "D", "gamma", "alpha", "tied", "dtype", "layout", "origin") if k not in config]
-    if missing:
-        raise UserError(f"config.json is missing {', '.join(missing)}")
-    model_config = ModelConfig.from_dict(config)
-    origin = config["origin"]
-    if not isinstance(origin, dict) or not isinstance(origin.get("kind"), str):
-        raise UserError(f"config.json origin must be an object with a string 'kind', got {origin!r}")
-    if config.get("task") is not None and not isinstance(config["task"], dict):
-        raise UserError(f"config.json task must be an object or null, got {config['task']!r}")
-    for key in ("n", "seed"):
-        value = config.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-            raise UserError(f"config.json {key} must be an integer or null, got {value!r}")
-    if config.get("n") is not None and config["n"] < 1:
-        raise UserError(f"config.json n must be positive, got {config['n']}")
-    return model_config
+def validate_config(config) -> CheckpointConfig:
+    """Parse and check a config.json object (format 1 or 2)."""
+    return CheckpointConfig.from_dict(config)
 
 
 def validate_tensors(model_config: ModelConfig, tensors: Mapping[str, np.ndarray]) -> None:
@@ -113,18 +96,21 @@ def _as_numpy(value) -> np.ndarray:
     return np.ascontiguousarray(value)
 
 
-def save(model_or_state, extras: Mapping | None, out_dir, *, overwrite: bool = False) -> Path:
+def save(model_or_state, extras: Mapping | CheckpointConfig | None, out_dir, *, overwrite: bool = False) -> Path:
     """Write `out_dir/{model.safetensors, config.json}` atomically (temp dir, then rename).
 
     model_or_state: a model (has `.config`), or a {name: array/tensor} state whose
-    model fields (family, d, n_layers, ...) come from `extras`. extras: n, task,
-    origin, seed (and any further keys, kept verbatim). The result is validated with
-    the same rules as `read` before anything is written.
+    model fields (family, d, n_layers, ...) come from `extras`. extras: a CheckpointConfig,
+    or a dict with n, task, origin, seed, training (and any further keys, kept verbatim).
+    The result is validated with the same rules as `read` before anything is written.
     """
     if hasattr(model_or_state, "config") and hasattr(model_or_state, "named_parameters"):
         model_config = model_or_state.config
         tensors = {name: _as_numpy(p) for name, p in model_or_state.named_parameters()}
         origin = getattr(model_or_state, "origin", None)
+    elif isinstance(model_or_state, Mapping) and isinstance(extras, CheckpointConfig):
+        model_config, origin = extras.model, None
+        tensors = {str(name): _as_numpy(v) for name, v in model_or_state.items()}
     elif isinstance(model_or_state, Mapping):
         fields = {k: v for k, v in (extras or {}).items() if k in ModelConfig.field_names()}
         if "family" not in fields or "d" not in fields:
@@ -134,30 +120,23 @@ def save(model_or_state, extras: Mapping | None, out_dir, *, overwrite: bool = F
         origin = None
     else:
         raise UserError(f"cannot save a {type(model_or_state).__name__}: pass a model or a dict of tensors")
-    config = make_config(model_config, extras, origin)
+    if isinstance(extras, CheckpointConfig):
+        if extras.model != model_config:
+            raise UserError("the CheckpointConfig's model differs from the model being saved")
+        config = extras
+    else:
+        config = make_config(model_config, extras, origin)
     validate_tensors(model_config, tensors)
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise UserError(f"{out} already exists (pass --force or overwrite=True to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        from safetensors.numpy import save_file
+    from safetensors.numpy import save_file
 
+    with atomic_dir(out) as tmp:
         # one metadata key only: safetensors writes a map's keys in random order, and the
         # bytes must be reproducible for sha256
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": f"icrl_interp.checkpoint/{FORMAT_VERSION}"})
-        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (tmp / CONFIG).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     return out
 
 
@@ -215,7 +194,7 @@ def _check_safetensors(path: Path) -> None:
                         f"the file holds {size - 8 - n_header}")
 
 
-def read(path) -> tuple[dict, dict[str, np.ndarray]]:
+def read(path) -> tuple[CheckpointConfig, dict[str, np.ndarray]]:
     """(config, {name: numpy array}) of a checkpoint directory, fully validated; never imports torch."""
     path = Path(path)
     if not path.exists():
@@ -234,7 +213,8 @@ def read(path) -> tuple[dict, dict[str, np.ndarray]]:
         config = json.loads(config_path.read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"{config_path} is not valid JSON ({e})") from None
-    model_config = validate_config(config)
+    config = validate_config(config)
+    model_config = config.model
     _check_safetensors(weights)
     from safetensors.numpy import load_file
 
@@ -251,9 +231,9 @@ def load(path):
     config, tensors = read(path)
     from .models.build import empty_model
 
-    model = empty_model(ModelConfig.from_dict(config))
+    model = empty_model(config.model)
     model.load_arrays(tensors)
-    model.origin = dict(config["origin"])
+    model.origin = dict(config.origin)
     model.checkpoint_config = config
     return model
 

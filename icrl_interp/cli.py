@@ -27,8 +27,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: 'icrl-interp CMD: error: ... (see --help)', exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="icrl-interp",
         description="Mechanistic interpretability for in-context reinforcement learning in transformers.",
     )
@@ -43,8 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser()  # loads the family registry: a broken family module is a user error
+    except UserError as e:
+        print(f"icrl-interp: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error already printed as one line
+        return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

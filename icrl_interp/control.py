@@ -16,25 +16,18 @@ teacher exactly (theta*) reproduces the teacher's trajectory.
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 from jaxtyping import Float, Int
 
-from . import actor_critic as AC
-from . import envs, layouts, reference
+from . import envs, files, registry
 from .errors import check
 
 Array = np.ndarray
-FAMILIES = ("sarsa", "actor-critic")
 REWARDS = ("uniform", "normal")
-TIE_TOL = 1e-9
-"""A state's greedy actions are those within TIE_TOL (relative) of its best action value / logit."""
 
 
 @dataclass
@@ -51,7 +44,7 @@ class ControlConfig:
     """SARSA exploration: epsilon-greedy on w . phi (actor-critic acts with pi_lam)."""
     seed: int = 0
     """Seeds the MDP draw and the (shared) sampling stream of the teacher and transformer loops."""
-    rewards: str = "uniform"
+    rewards: str = field(default="uniform", metadata={"choices": REWARDS})
     """'uniform': R(s, a) ~ U(-1, 1) (envs.sample_tabular_mdps, the training distribution); 'normal': N(0, 1)."""
     concentration: float = 1.0
     """Dirichlet concentration of the transition rows."""
@@ -70,91 +63,22 @@ class ControlConfig:
 
 
 # -------------------------------------------------------------- algorithms
-@dataclass
-class Algorithm:
-    """One of paper (b)'s in-context algorithms on tabular MDPs: how parameters act and update."""
-
-    family: str
-    """'sarsa' or 'actor-critic'."""
-    n_states: int
-    """States of the MDPs."""
-    n_actions: int
-    """Actions of the MDPs."""
-    gamma: float
-    """Discount of the MDPs and of the update."""
-    alpha: float
-    """SARSA step; actor step for actor-critic."""
-    beta: float
-    """Critic step (actor-critic only; equals alpha for SARSA)."""
-    epsilon: float = 0.1
-    """SARSA exploration."""
-
-    @property
-    def d(self) -> int:
-        return self.n_states * self.n_actions
-
-    @property
-    def size(self) -> int:
-        """Length of the parameter vector ([w] or [w; lam])."""
-        return self.d if self.family == "sarsa" else 2 * self.d
-
-    def _action_values(self, params: Float[Array, "batch p"]) -> Float[Array, "batch s a"]:
-        """w . phi(s, a) for SARSA, the policy logits lam . phi_pi(s, a) for actor-critic."""
-        own = params[:, : self.d] if self.family == "sarsa" else params[:, self.d :]
-        return own.reshape(-1, self.n_states, self.n_actions)
-
-    def policy(self, params: Float[Array, "batch p"]) -> Float[Array, "batch s a"]:
-        """The acting policy: epsilon-greedy on w . phi, or pi_lam."""
-        if self.family == "sarsa":
-            return envs.epsilon_greedy(self._action_values(params), self.epsilon)
-        return envs.softmax_policy(self._action_values(params))
-
-    def greedy_sets(self, params: Float[Array, "batch p"]) -> np.ndarray:
-        """[batch, s, a] booleans: the greedy actions of each state (several on ties)."""
-        q = self._action_values(params)
-        best = q.max(-1, keepdims=True)
-        return q >= best - TIE_TOL * np.maximum(1.0, np.abs(best))
-
-    def greedy(self, params: Float[Array, "batch p"]) -> Int[Array, "batch s"]:
-        return np.argmax(self._action_values(params), -1)
-
-    def prompt_and_teacher(self, mdp: envs.MDPBatch, traj: envs.Trajectories,
-                           params: Float[Array, "batch p"]) -> tuple[np.ndarray, np.ndarray]:
-        """The prompt of the family for this trajectory and the teacher's (reference) update."""
-        if self.family == "sarsa":
-            phi, phi_next, states, actions = layouts._mdp_columns(mdp, traj)
-            prompt = layouts.sarsa_prompt(phi, phi_next, traj.rewards, params, self.gamma, states, actions)
-            return prompt.z, reference.sarsa_update(phi, phi_next, traj.rewards, params, self.gamma, self.alpha)
-        w, lam = AC.split(params, self.d)
-        c = AC.mdp_columns(mdp, traj, lam, AC.policy_features(self.n_states, self.n_actions))
-        prompt = AC.actor_critic_prompt(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam, self.gamma)
-        w_new, lam_new = reference.actor_critic_update(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam,
-                                                       self.gamma, self.alpha, self.beta)
-        return prompt.z, np.concatenate([w_new, lam_new], -1)
+def control_families() -> list[str]:
+    """Families with an in-context control rule (registry.Family.control)."""
+    return registry.where(lambda f: f.control is not None)
 
 
-def algorithm_for(config: dict, epsilon: float = 0.1) -> Algorithm:
-    """The algorithm a checkpoint config mimics (family, MDP shape, gamma, steps)."""
-    from .sampling import TaskSpec
-
-    family = config.get("family")
-    check(family in FAMILIES, f"in-context control needs a sarsa or actor-critic checkpoint, got family {family!r}")
-    task = TaskSpec.from_dict(config.get("task"), family)
-    d = int(config["d"])
-    check(task.kind == "mdp", f"the checkpoint's task is {task.kind!r}; control runs on tabular MDPs")
-    check(task.n_states * task.n_actions == d,
-          f"the checkpoint has d = {d}, but its task has n_states*n_actions = {task.n_states * task.n_actions} "
-          "(control uses state-action one-hot features)")
-    if family == "actor-critic":
-        AC.tabular_policy_features(d, int(config["m"]), task.n_states, task.n_actions)
-        alpha, beta = AC.steps_of(config)
-    else:
-        alpha = beta = float(config.get("alpha", 1.0))
-    return Algorithm(family, task.n_states, task.n_actions, float(config["gamma"]), alpha, beta, epsilon)
+def algorithm_for(config, epsilon: float = 0.1):
+    """The control rule a checkpoint config mimics (its family's `control`, e.g. SARSA's or actor-critic's):
+    MDP shape, gamma, steps, and how parameters act and update."""
+    family = registry.get(config.family)
+    check(family.control is not None, f"in-context control needs a checkpoint of a control family "
+                                      f"({', '.join(control_families())}), got family {config.family!r}")
+    return family.control(config, epsilon)
 
 
 # ------------------------------------------------------------------ MDPs
-def draw_mdps(cfg: ControlConfig, algo: Algorithm) -> envs.MDPBatch:
+def draw_mdps(cfg: ControlConfig, algo) -> envs.MDPBatch:
     """The held-out MDPs (stream 0 of the seed): Dirichlet rows, uniform or normal rewards, uniform start."""
     rng = np.random.default_rng([cfg.seed, 0])
     mdp = envs.sample_tabular_mdps(cfg.mdps, algo.n_states, algo.n_actions, algo.gamma, rng, cfg.concentration)
@@ -183,7 +107,7 @@ class LoopTrace:
     frozen at their last finite value and its tracking entries are NaN."""
 
 
-def closed_loop(mdp: envs.MDPBatch, algo: Algorithm, n: int, iterations: int, rng: np.random.Generator,
+def closed_loop(mdp: envs.MDPBatch, algo, n: int, iterations: int, rng: np.random.Generator,
                 step=None, progress: bool = False, desc: str = "teacher") -> LoopTrace:
     """Algorithm 1 on every MDP at once. `step(z) -> params` is the transformer; None runs the teacher."""
     from tqdm import tqdm
@@ -216,18 +140,18 @@ def closed_loop(mdp: envs.MDPBatch, algo: Algorithm, n: int, iterations: int, rn
             params = teacher
         s = traj.states[:, -1]
         returns[:, t + 1] = mdp.discounted_return(algo.policy(params))
-    greedy = envs.epsilon_greedy(algo._action_values(params), 0.0)
+    greedy = envs.epsilon_greedy(algo.action_values(params), 0.0)
     return LoopTrace(returns, mdp.discounted_return(greedy), params, agreement, dist, diverged_at if track else None)
 
 
-def model_step(model, algo: Algorithm):
-    """z -> the model's parameter output ([w] for SARSA, [w; lam] for actor-critic) as float64."""
+def model_step(model, algo):
+    """z -> the model's parameter output (the rule's readout, e.g. [w] or [w; lam]) as float64."""
     import torch
 
     def step(z: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             out = model(model.as_input(z))
-            params = model.readout(out) if algo.family == "sarsa" else AC.readout(out, model.layout)
+            params = algo.readout(out, model.layout)
         return params.double().cpu().numpy()
 
     return step
@@ -246,11 +170,11 @@ def _nan_extreme(x: np.ndarray, fn) -> float | None:
     return None if np.all(np.isnan(x)) else float(fn(x))
 
 
-def evaluate(model, config: dict, cfg: ControlConfig, progress: bool = True, source: str | None = None) -> dict:
+def evaluate(model, config, cfg: ControlConfig, progress: bool = True, source: str | None = None) -> dict:
     """Returns of random / teacher / transformer / oracle at the last update, tracking, and curves (JSON-ready)."""
     cfg.validate()
     algo = algorithm_for(config, cfg.epsilon)
-    n = cfg.n or int(config.get("n") or (config.get("task") or {}).get("n") or 64)
+    n = cfg.n or int(config.task.n or 64)
     mdp = draw_mdps(cfg, algo)
     uniform = np.full(mdp.R.shape, 1.0 / algo.n_actions)
     random_ret = mdp.discounted_return(uniform)
@@ -258,7 +182,7 @@ def evaluate(model, config: dict, cfg: ControlConfig, progress: bool = True, sou
     teacher = closed_loop(mdp, algo, n, cfg.iterations, np.random.default_rng([cfg.seed, 1]), None, progress, "teacher")
     tf = closed_loop(mdp, algo, n, cfg.iterations, np.random.default_rng([cfg.seed, 1]), model_step(model, algo),
                      progress, "transformer")
-    origin = config.get("origin") or {}
+    origin = config.origin
     return {
         "schema": "icrl_interp.control/1",
         "checkpoint": source,
@@ -318,12 +242,12 @@ def torch_threads(n: int | None):
 
 
 def run_checkpoint(path, cfg: ControlConfig, progress: bool = True, threads: int | None = None) -> dict:
-    """Load a sarsa / actor-critic checkpoint and evaluate it in closed loop (`threads`: see torch_threads)."""
+    """Load a checkpoint of a control family and evaluate it in closed loop (`threads`: see torch_threads)."""
     from . import checkpoint
 
     config, _ = checkpoint.read(path)
-    check(config["family"] in FAMILIES,
-          f"{path} is a {config['family']} checkpoint; in-context control needs sarsa or actor-critic")
+    check(registry.get(config.family).control is not None,
+          f"{path} is a {config.family} checkpoint; in-context control needs one of {', '.join(control_families())}")
     cfg.validate()
     algorithm_for(config, cfg.epsilon)  # refuse an unusable config before loading torch
     model = checkpoint.load(path)
@@ -362,20 +286,8 @@ def format_table(result: dict) -> str:
 
 
 def write_json(result: dict, path) -> Path:
-    """Write the result atomically (temp file in the same directory, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write the result atomically (temporary sibling, fsync, rename)."""
+    return files.write_json(path, result)
 
 
 def plot_returns(results: list[dict], path, labels: list[str] | None = None) -> Path:
@@ -406,16 +318,9 @@ def plot_returns(results: list[dict], path, labels: list[str] | None = None) -> 
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with files.atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
     finally:
         plt.close(fig)
     return path

@@ -1,7 +1,7 @@
 """The end-to-end demo: theta* and shipped trained checkpoints -> recordings -> analyses -> report.
 
 Runs on embedded defaults only (no flags, no network): builds the theta* of each
-family, takes the small trained checkpoints shipped in `data/checkpoints/`,
+registered family with demo options (`registry.Family.demo`), takes the small trained checkpoints shipped in `data/checkpoints/`,
 records a few hundred prompts through each, analyzes everything and writes a
 report directory with a one-screen summary.
 """
@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from . import registry, resources
 from .errors import UserError
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "checkpoints"
-"""Shipped trained checkpoints (one directory per family, or per run)."""
+DATA_DIR = resources.checkpoints_dir()
+"""Shipped trained checkpoints (one directory per family, or per run; see `resources` for wheel vs checkout)."""
 
 
 @dataclass
@@ -32,17 +33,8 @@ class DemoConfig:
     """Seed of the task samplers."""
     workers: int = 2
     """Parallel analysis processes."""
-    theta_star: dict = field(default_factory=lambda: {
-        "linear-td": dict(d=4, n_layers=3, gamma=0.9, alpha=1.0,
-                          task={"kind": "boyan", "n": 30, "n_states": 10, "features": "random"}),
-        "softmax-td": dict(d=5, n_layers=20, gamma=0.9, alpha=1.0, score_scale=8.0,
-                           task={"kind": "boyan", "n": 40, "n_states": 5, "features": "onehot"}),
-        "sarsa": dict(d=36, n_layers=1, gamma=0.5, alpha=1.0,
-                      task={"kind": "mdp", "n": 64, "n_states": 9, "n_actions": 4}),
-    })
-    """theta* models built for the demo: constructor arguments and the task distribution recorded on.
-    The softmax score is scaled (beta^2 = 8 on one-hot features of 5-state chains) so that
-    Assumption 5.1 holds: min_s M_pi(s, s) is about 0.99 > (1 + gamma) / 2 = 0.95."""
+    families: tuple[str, ...] | None = None
+    """Families whose theta* the demo builds (None: every registered family with `demo` options)."""
 
 
 def shipped_checkpoints(root: Path = DATA_DIR) -> list[Path]:
@@ -52,20 +44,10 @@ def shipped_checkpoints(root: Path = DATA_DIR) -> list[Path]:
     return sorted(p.parent for p in root.rglob("config.json") if (p.parent / "model.safetensors").exists())
 
 
-def _construct(family: str, spec: dict, out_dir: Path) -> Path:
-    from . import checkpoint
-    from .models import theta_star_model
-
-    spec = dict(spec)
-    task = spec.pop("task")
-    model = theta_star_model(family, **spec)
-    checkpoint.save(model, {"task": task, "n": task["n"], "origin": model.origin, "seed": 0}, out_dir, overwrite=True)
-    return out_dir
-
-
 def run_demo(config: DemoConfig) -> int:
     """Build, record, analyze, report. Returns the number of failed inputs."""
     from . import checkpoint, probe_spec, recorder
+    from .construct import construct
     from .report import ReportConfig, build_report
     from .report.headline import text_table
 
@@ -78,14 +60,16 @@ def run_demo(config: DemoConfig) -> int:
     n_prompts = 64 if config.quick else config.prompts
 
     models: list[tuple[str, Path]] = []
-    for family, spec in config.theta_star.items():
-        models.append((f"theta_star-{family}", _construct(family, spec, inputs_dir / f"theta_star-{family}")))
+    families = config.families or registry.where(lambda f: f.demo is not None and f.construct is not None)
+    for family in families:
+        target = inputs_dir / f"theta_star-{family}"
+        models.append((target.name, construct(family, registry.get(family).demo, target, overwrite=True)))
     shipped = shipped_checkpoints()
     if not shipped:
         print(f"note: no trained checkpoints found under {DATA_DIR}; the demo shows theta* only")
     for path in shipped:
         cfg, _ = checkpoint.read(path)
-        models.append((f"trained-{cfg['family']}-{path.name}", path))
+        models.append((f"trained-{cfg.family}-{path.name}", path))
 
     recordings: list[Path] = []
     print(f"recording {n_prompts} prompts through each of {len(models)} models")
@@ -93,7 +77,7 @@ def run_demo(config: DemoConfig) -> int:
         cfg, _ = checkpoint.read(path)
         model = checkpoint.load(path)
         try:
-            spec = probe_spec.shipped_spec(cfg["family"])
+            spec = probe_spec.shipped_spec(cfg.family)
         except UserError:
             continue
         target = inputs_dir / f"{name}.h5"

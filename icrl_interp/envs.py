@@ -2,7 +2,7 @@
 
 Everything is batched over tasks (leading axis B) and seeded through a numpy
 `Generator`; sampling loops over time steps only, never over tasks.
-Conventions follow `constructions.md` section 4:
+Conventions follow docs/concepts.md, section Environments:
 
 * Boyan chain: state i < s-2 moves to i+1 w.p. p_i ~ U(0.01, 0.99), else to i+2;
   state s-2 moves to s-1; the last state jumps to any state with random

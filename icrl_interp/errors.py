@@ -13,3 +13,10 @@ def check(condition: bool, message: str) -> None:
     """Raise `UserError(message)` unless `condition` holds."""
     if not condition:
         raise UserError(message)
+
+
+def one_line(exc: BaseException) -> str:
+    """A failure as one line: a UserError's own message, otherwise 'ExceptionType: first line'."""
+    text = str(exc).strip().splitlines()
+    msg = text[0] if text else ""
+    return msg if isinstance(exc, UserError) else f"{type(exc).__name__}: {msg}".rstrip(": ")

@@ -3,7 +3,7 @@
 A spec looks like
 
     [probe]
-    name = "linear-td"
+    name = "my-spec"
     description = "..."
 
     [[hooks]]
@@ -27,13 +27,15 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import resources
 from .errors import UserError
 
-SPEC_DIR = Path(__file__).resolve().parent.parent / "probes"
-"""The shipped specs (top-level `probes/` of the repository)."""
+SPEC_DIR = resources.probes_dir()
+"""The shipped specs (top-level `probes/` of the repository; see `resources` for wheel vs checkout)."""
 
-SHIPPED = {"linear-td": "linear_td.toml", "softmax-td": "softmax_td.toml", "sarsa": "sarsa.toml",
-           "actor-critic": "actor_critic.toml", "generic": "transformer_lens.toml"}
+GENERIC = "generic"
+"""`shipped_spec(GENERIC)`: the spec for TransformerLens (and other hooked) models of no registered family."""
+GENERIC_SPEC = "transformer_lens.toml"
 
 STORE_DTYPES = ("float16", "bfloat16", "float32", "float64")
 COMPRESSIONS = ("none", "lzf", "gzip")
@@ -199,8 +201,38 @@ def load_spec(path) -> ProbeSpec:
     return parse_spec(text, str(path))
 
 
-def shipped_spec(family: str) -> ProbeSpec:
-    """The spec shipped in `probes/` for a model family."""
-    if family not in SHIPPED:
-        raise UserError(f"no shipped probe spec for family {family!r} (have: {', '.join(SHIPPED)})")
-    return load_spec(SPEC_DIR / SHIPPED[family])
+def shipped_names() -> list[str]:
+    """Everything `shipped_spec` accepts: the registered families that name a probe spec, and GENERIC."""
+    from . import registry
+
+    return registry.where(lambda f: f.probe_spec is not None) + [GENERIC]
+
+
+def spec_path(name: str) -> Path:
+    """Where the spec of a registered family is (`registry.Family.probe_spec`: a file name in SPEC_DIR,
+    or a path), or the generic spec for GENERIC."""
+    from . import registry
+
+    if name == GENERIC:
+        return SPEC_DIR / GENERIC_SPEC
+    spec = registry.get(name).probe_spec
+    if spec is None:
+        raise UserError(f"family {name!r} names no probe spec; pass one with --probe (have: {', '.join(shipped_names())})")
+    path = Path(spec)
+    if not path.is_absolute() and ((SPEC_DIR / path).exists() or path.parent == Path(".")):
+        path = SPEC_DIR / path
+    return path
+
+
+def shipped_spec(name: str) -> ProbeSpec:
+    """The spec a registered model family names (`registry.Family.probe_spec`), or the generic
+    TransformerLens spec for GENERIC."""
+    return load_spec(spec_path(name))
+
+
+def __getattr__(name: str):
+    # `SHIPPED` ({name: spec file name}) is derived from the registry on access, for older callers;
+    # prefer shipped_names() and spec_path().
+    if name == "SHIPPED":
+        return {n: spec_path(n).name for n in shipped_names()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,6 +5,10 @@ distribution, or supplied by the user), captures the hooks a probe spec names
 into reusable buffers, and appends each batch to the recording together with
 the prompts, per-task data and the reference algorithm's run on the same
 prompts. Memory does not grow with the number of prompts.
+
+What the prompts are (the checkpoint's task family: layout, sampler, reference algorithm) and what
+model produced the activations (its family, architecture and class) are recorded separately
+(`icrl_interp.recording`, schema 2); sampling and the reference go through the family registry.
 """
 from __future__ import annotations
 
@@ -21,10 +25,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import layouts, sampling, theta_star
+from . import layouts, registry
 from ._version import __version__
 from .capture import capture, hook_names
 from .errors import UserError
+from .models.config import CheckpointConfig, ModelConfig
 from .probe_spec import HookRule, ProbeSpec
 from .recording import BF16, RecordingWriter
 
@@ -109,8 +114,8 @@ def _versions() -> dict[str, str]:
 class PromptSource:
     """Where prompts come from: sampled per batch from a config, or slices of user arrays."""
 
-    config: dict | None = None
-    """Checkpoint config (family, dims, constants, task) for sampling and the reference."""
+    config: CheckpointConfig | None = None
+    """Checkpoint config: its task (family, distribution) is sampled, its model and constants feed the reference."""
     arrays: dict[str, np.ndarray] | None = None
     """User prompts: 'z' (or 'input' for generic models) and optional labels / task data."""
     n_total: int = 0
@@ -121,15 +126,44 @@ class PromptSource:
     sha256: str = field(default="")
     """Hash of the user prompt file (identity for --resume)."""
 
+    def __post_init__(self):
+        if self.arrays is None and self.config is None:
+            raise UserError("a prompt source needs a checkpoint config to sample from, or prompt arrays")
+
+    @property
+    def task_family(self) -> str | None:
+        """The registered family whose prompts these are (None: prompts of no known task)."""
+        return None if self.config is None else self.config.task.family
+
     def batch(self, index: int, start: int, stop: int) -> dict[str, np.ndarray]:
         if self.arrays is None:
-            pb = sampling.sample_batch(self.config, stop - start, np.random.default_rng([self.seed, index]))
+            family = registry.get(self.config.task.family)
+            pb = family.sample(self.config, self.config.task, stop - start, np.random.default_rng([self.seed, index]))
             out = {"prompts/z": pb.prompt.z, "prompts/state": pb.prompt.states, "prompts/action": pb.prompt.actions,
                    "prompts/reward": pb.prompt.rewards}
             out.update({f"tasks/{k}": v for k, v in pb.tasks.items()})
             out.update({f"reference/{k}": v for k, v in pb.reference.items()})
             return out
         return {k: v[start:stop] for k, v in self.arrays.items()}
+
+
+def model_info(model: nn.Module) -> dict:
+    """The recording's `model` attribute: {"family", "architecture", "class"} of a model
+    (family and architecture are None for a model that is not one of a registered family)."""
+    config = getattr(model, "config", None)
+    known = isinstance(config, ModelConfig)
+    return {"family": config.family if known else None, "architecture": config.architecture if known else None,
+            "class": type(model).__name__}
+
+
+def prompt_layout(model: nn.Module, config: CheckpointConfig | None) -> layouts.PromptLayout | None:
+    """The layout of the recorded prompts: the model's own, else that of the config's task family."""
+    layout = getattr(model, "layout", None)
+    if isinstance(layout, layouts.PromptLayout):
+        return layout
+    if config is not None:
+        return registry.get(config.task.family).layout(config.model.d, config.model.m)
+    return None
 
 
 def _model_input(batch: dict[str, np.ndarray], dtype: torch.dtype) -> torch.Tensor:
@@ -151,15 +185,19 @@ def record(
     """Record `source.n_total` prompts through `model` into the HDF5 file `out`."""
     if batch_size < 1 or source.n_total < 1:
         raise UserError("--tasks and --batch-size must be positive")
-    config = source.config or {}
-    family = config.get("family", "generic")
+    config = source.config
     params = dict(model.named_parameters())
     rules, param_names = spec.resolve(hook_names(model), params)
-    layout = getattr(model, "layout", None)
+    layout = prompt_layout(model, config)
+    info = model_info(model)
+    own = getattr(model, "config", None)
+    n_layers = own.n_layers if isinstance(own, ModelConfig) else 0  # 0: the analyzers count the recorded layers
     meta = {
-        "family": family, "layout": layout.to_dict() if isinstance(layout, layouts.PromptLayout) else None,
-        "probe_spec": spec.to_json(), "checkpoint_config": config or None, "checkpoint_sha256": checkpoint_sha256,
-        "n_layers": int(config.get("n_layers", 0)), "gamma": float(config.get("gamma", float("nan"))),
+        "task_family": source.task_family or "", "model": info,
+        "layout": layout.to_dict() if layout is not None else None,
+        "probe_spec": spec.to_json(), "checkpoint_config": config.to_dict() if config else None,
+        "checkpoint_sha256": checkpoint_sha256, "n_layers": int(n_layers),
+        "gamma": float(config.model.gamma) if config else float("nan"),
         "seed": int(source.seed), "batch_size": int(batch_size), "source_sha256": source.sha256,
         "versions": _versions(), "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "task_data": source.task_note,
@@ -170,7 +208,8 @@ def record(
         if start_at % batch_size and start_at != source.n_total:
             raise UserError(f"cannot resume: {start_at} prompts done is not a whole number of batches of {batch_size}")
         writer.write_static("params", {n: params[n].detach().cpu().double().numpy() for n in param_names})
-        writer.write_static("theta_star", theta_star.for_config(config, param_names))
+        # theta* of the checkpoint's model for the recorded parameter names (none match a foreign model's)
+        writer.write_static("theta_star", config.theta_star(param_names) if config is not None else {})
         # Two buffer sets: the forward pass of batch i+1 fills one while a writer
         # thread streams batch i from the other (torch releases the GIL while it
         # computes, so the write hides behind the forward on a second core).
@@ -224,8 +263,11 @@ _PROMPT_KEYS = {"z", "input", "state", "action", "reward"}
 _TASK_KEYS = {"P", "r", "phi", "stationary", "values"}
 
 
-def load_prompt_file(path, config: dict | None, layout: layouts.PromptLayout | None) -> PromptSource:
-    """Read user prompts from .npz or .h5 (see README: arrays z, state, action, reward, tasks_*)."""
+def load_prompt_file(path, config: CheckpointConfig | None, layout: layouts.PromptLayout | None) -> PromptSource:
+    """Read user prompts from .npz or .h5 (docs/formats.md: arrays z, state, action, reward, tasks_*).
+
+    With a checkpoint config the prompts are taken to be its task family's, and that family's
+    reference algorithm (any registered family that has one) is run on them."""
     import hashlib
 
     path = Path(path)
@@ -272,12 +314,15 @@ def load_prompt_file(path, config: dict | None, layout: layouts.PromptLayout | N
     out.update({f"tasks/{k}": arrays[f"tasks_{k}"] for k in present})
     note = "present" if len(present) == len(_TASK_KEYS) else (
         "absent: the prompt file has no task arrays" if not present else f"partial: only {', '.join(sorted(present))}")
-    if config and key == "z" and config.get("family") in ("linear-td", "softmax-td", "sarsa"):
-        origin = config.get("origin") or {}
-        n_layers = 1 if config["family"] == "sarsa" else int(config["n_layers"])
-        ref = sampling.reference_from_prompt(config["family"], out["prompts/z"], n_layers, float(config["gamma"]),
-                                             float(config.get("alpha", 1.0)), float(origin.get("score_scale", 1.0)))
-        out.update({f"reference/{k}": v for k, v in ref.items()})
+    family = registry.get(config.task.family) if config is not None else None
+    if family is not None and family.reference is not None and key == "z":
+        # the prompts are the task family's: its reference algorithm reads everything it needs off them
+        task_layout = family.layout(config.model.d, config.model.m)
+        if main.shape[2] != task_layout.d_model:
+            raise UserError(f"prompt file {path}: z has d_model {main.shape[2]}, prompts of the {family.name} task "
+                            f"have {task_layout.d_model}")
+        ref = family.reference(out["prompts/z"], config.model, config.constants)
+        out.update({f"reference/{k}": np.asarray(v) for k, v in ref.items()})
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     return PromptSource(config=config, arrays=out, n_total=N, seed=0, task_note=note, sha256=digest)
 

@@ -1,7 +1,15 @@
 """HDF5 recordings: a crash-safe streaming writer and a lazy reader.
 
-Layout: docs/recording-format.md (schema `icrl_interp.recording/1`). Needs neither
+Layout: docs/formats.md, "Recordings" (schema `icrl_interp.recording/2`). Needs neither
 torch nor transformer_lens.
+
+Schema 2 keeps apart what the prompts are and what produced the activations: the root
+attribute `task_family` names the registered family whose prompts (layout, task data,
+reference algorithm) were recorded ("" for prompts of no known task), `model` is JSON
+{"family": model family or null, "architecture": architecture name or null, "class": the
+model's Python class name}, and `checkpoint_config` is the checkpoint's format-2 config.
+Schema 1 files (one attribute `family` that meant both, "generic" for neither) are still
+read: `Recording.task_family` and `Recording.model_info` answer for both schemas.
 
 Crash safety: the writer works on `<name>.partial` beside the final path, in HDF5
 SWMR mode once all datasets exist (so a kill at any moment leaves a readable
@@ -20,8 +28,15 @@ import h5py
 import numpy as np
 
 from .errors import UserError
+from .files import json_clean
 
-SCHEMA = "icrl_interp.recording/1"
+SCHEMA = "icrl_interp.recording/2"
+"""Schema written by `RecordingWriter`."""
+SCHEMA_V1 = "icrl_interp.recording/1"
+"""The previous schema (attribute `family` for both the task and the model), still read."""
+READABLE = (SCHEMA, SCHEMA_V1)
+LEGACY_NO_FAMILY = ("", "generic")
+"""Schema-1 `family` values that named no family (a model of no known family, prompts of no task)."""
 CHUNK_MIN, CHUNK_MAX = 10 * 1024, 1024 * 1024
 BF16 = "bfloat16"
 
@@ -58,17 +73,7 @@ def bf16_to_float32(raw: np.ndarray) -> np.ndarray:
 
 
 def _json_attr(value) -> str:
-    return json.dumps(value, sort_keys=True, default=_json_default)
-
-
-def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+    return json.dumps(json_clean(value), sort_keys=True)
 
 
 class RecordingWriter:
@@ -78,7 +83,8 @@ class RecordingWriter:
     `identity` keys of meta must match when resuming (spec, checkpoint hash, seed, ...).
     """
 
-    IDENTITY = ("schema", "family", "probe_spec", "checkpoint_sha256", "seed", "batch_size", "source_sha256")
+    IDENTITY = ("schema", "task_family", "model", "probe_spec", "checkpoint_sha256", "seed", "batch_size",
+                "source_sha256")
 
     def __init__(self, path, meta: dict, resume: bool = False):
         self.path = Path(path)
@@ -253,10 +259,12 @@ class Recording:
         except OSError:
             raise UserError(f"{self.path}: not an HDF5 file (or a corrupt one)") from None
         schema = _attr(self.f, "schema")
-        if schema != SCHEMA:
+        if schema not in READABLE:
             self.f.close()
             found = "no schema attribute" if schema is None else f"schema {schema!r}"
-            raise UserError(f"{self.path}: not an icrl_interp recording ({found}; expected {SCHEMA!r})")
+            raise UserError(f"{self.path}: not an icrl_interp recording ({found}; expected "
+                            f"{' or '.join(map(repr, READABLE))})")
+        self.schema = schema
         if not allow_incomplete and not bool(_attr(self.f, "complete", False)):
             self.f.close()
             raise UserError(f"{self.path}: recording is incomplete (complete=false); finish it with --resume")
@@ -282,8 +290,58 @@ class Recording:
         return v.item() if isinstance(v, np.generic) else v
 
     @property
-    def family(self) -> str:
-        return self.attr("family")
+    def schema_version(self) -> int:
+        """1 or 2 (see the module docstring)."""
+        return 1 if self.schema == SCHEMA_V1 else 2
+
+    def _legacy_family(self) -> str | None:
+        v = self.attr("family")
+        return None if not isinstance(v, str) or v in LEGACY_NO_FAMILY else v
+
+    @property
+    def task_family(self) -> str | None:
+        """The family whose prompts were recorded (their layout, task data and reference algorithm),
+        or None for prompts of no known task. Schema 1: its `family` (which named the model too)."""
+        if self.schema_version == 1:
+            return self._legacy_family()
+        v = self.attr("task_family")
+        return v if isinstance(v, str) and v else None
+
+    @property
+    def model_info(self) -> dict:
+        """{"family", "architecture", "class"} of the model that produced the activations (each may
+        be None). Schema 1 knew only the family; its architecture is looked up in the registry."""
+        if self.schema_version == 1:
+            from . import registry
+
+            family = self._legacy_family()
+            known = registry.find(family)
+            return {"family": family, "architecture": known.architecture if known else None, "class": None}
+        raw = self.attr("model")
+        raw = raw if isinstance(raw, dict) else {}
+        return {k: raw.get(k) if isinstance(raw.get(k), str) and raw.get(k) else None
+                for k in ("family", "architecture", "class")}
+
+    @property
+    def family(self) -> str | None:
+        """The model's family (None for a model of no known family); see `task_family` for the prompts'."""
+        return self.model_info["family"]
+
+    @property
+    def checkpoint_config(self):
+        """The checkpoint config (`models.CheckpointConfig`) the recording was made from, or None.
+
+        Reads the format-2 dict of schema 2 and the format-1 dict of schema 1 alike; a config that
+        does not parse is a UserError naming this file."""
+        raw = self.attr("checkpoint_config")
+        if not raw:
+            return None
+        from .models.config import CheckpointConfig
+
+        try:
+            return CheckpointConfig.from_dict(raw)
+        except UserError as e:
+            raise UserError(f"{self.path}: unreadable checkpoint_config ({e})") from None
 
     @property
     def n_prompts(self) -> int:

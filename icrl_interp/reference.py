@@ -1,7 +1,8 @@
 """Reference RL algorithms in float64 numpy: the ground truth for the models.
 
 Deliberately independent of the model code: nothing here builds a prompt or
-applies an attention layer. Formulas: `constructions.md` sections 1-3.
+applies an attention layer. Formulas: docs/concepts.md, sections Linear-attention TD(0),
+Softmax TD, and SARSA and actor-critic (linear self-attention).
 """
 from __future__ import annotations
 

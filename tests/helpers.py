@@ -69,3 +69,8 @@ def raises_user(*words: str):
 def se_tolerance(p: np.ndarray, counts: np.ndarray, k: float = 5.0) -> np.ndarray:
     """k binomial standard errors of an empirical frequency of p out of `counts` draws."""
     return k * np.sqrt(p * (1.0 - p) / np.maximum(counts, 1)) + 1e-12
+
+
+def support(M: np.ndarray) -> set[tuple[int, int]]:
+    """Indices of the nonzero entries of a matrix."""
+    return {tuple(ix) for ix in np.argwhere(M != 0)}

@@ -54,22 +54,26 @@ def test_save_load_round_trip_is_exact(key, tmp_path):
     with torch.no_grad():
         assert torch.equal(model(z), loaded(z))
     config, tensors = checkpoint.read(out)
-    assert config == json.loads((out / "config.json").read_text())
-    for field in ("format_version", "family", "d", "n_layers", "D", "gamma", "alpha", "form", "tied", "m", "activation",
-                  "dtype", "layout", "task", "origin", "seed", "package_version"):
-        assert field in config
-    assert config["format_version"] == 1 and config["n"] == 30 and config["task"] == TASK and config["note"] == "kept"
-    assert config["layout"] == model.layout.to_dict() and config["D"] == model.config.D
+    raw = json.loads((out / "config.json").read_text())
+    assert config.to_dict() == raw and config.model == model.config
+    for field in ("family", "architecture", "d", "n_layers", "D", "gamma", "alpha", "form", "tied", "m", "activation",
+                  "dtype", "layout"):
+        assert field in raw["model"]
+    assert set(raw) == {"format_version", "model", "task", "origin", "training", "seed", "package_version", "note"}
+    assert raw["format_version"] == 2 and config.task.n == 30 and raw["note"] == "kept"
+    assert {k: raw["task"][k] for k in TASK} == TASK and raw["task"]["family"] == model.config.family
+    assert raw["model"]["layout"] == model.layout.to_dict() and raw["model"]["D"] == model.config.D
     assert sorted(tensors) == sorted(n for n, _ in model.named_parameters())
     assert all(isinstance(t, np.ndarray) for t in tensors.values())
 
 
 def test_theta_star_origin_records_its_constants(tmp_path):
     config, _ = checkpoint.read(checkpoint.save(MODELS["linear-theta"](), None, tmp_path / "a"))
-    assert config["origin"] == {"kind": "theta_star", "alpha": 0.5, "alphas": [0.5, 0.7, 0.9], "c": 1.0,
-                                "C": [[1.0, 0, 0], [0, 2.0, 0], [0, 0, 3.0]]}
+    assert config.origin == {"kind": "theta_star", "alpha": 0.5, "alphas": [0.5, 0.7, 0.9], "c": 1.0,
+                             "C": [[1.0, 0, 0], [0, 2.0, 0], [0, 0, 3.0]]}
     config, _ = checkpoint.read(checkpoint.save(MODELS["softmax-dual"](), None, tmp_path / "b"))
-    assert config["origin"]["score_scale"] == 2.0 and config["form"] == "dual"
+    assert config.origin["score_scale"] == 2.0 and config.model.form == "dual"
+    assert config.constants == {"score_scale": 2.0}
 
 
 def test_save_a_state_dict_with_the_model_fields_in_extras(tmp_path):
@@ -115,7 +119,7 @@ def test_read_imports_neither_torch_nor_transformer_lens(tmp_path):
     out = checkpoint.save(theta_star_model("sarsa", 2), {"task": {"kind": "mdp"}}, tmp_path / "ck")
     code = ("import sys\nfrom icrl_interp import checkpoint\n"
             f"config, tensors = checkpoint.read({str(out)!r})\n"
-            "assert config['family'] == 'sarsa' and len(tensors) == 2\n"
+            "assert config.family == 'sarsa' and len(tensors) == 2\n"
             "bad = [m for m in ('torch', 'transformer_lens') if m in sys.modules]\nassert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
@@ -126,13 +130,18 @@ def _good(tmp_path: Path) -> Path:
 
 
 def _edit_config(**changes):
+    """Set (or, with ..., remove) config.json keys; 'model__d' is the nested key model.d."""
     def edit(ck: Path):
         config = json.loads((ck / "config.json").read_text())
         for key, value in changes.items():
+            *outer, last = key.split("__")
+            target = config
+            for part in outer:
+                target = target[part]
             if value is ...:
-                config.pop(key)
+                target.pop(last)
             else:
-                config[key] = value
+                target[last] = value
         (ck / "config.json").write_text(json.dumps(config))
     return edit
 
@@ -197,18 +206,26 @@ BAD = {
     "config-not-json": (_write("config.json", b"{not json"), ["config.json", "not valid JSON"]),
     "config-a-list": (_write("config.json", b"[1, 2]"), ["JSON object"]),
     "no-format-version": (_edit_config(format_version=...), ["format_version"]),
-    "future-format": (_edit_config(format_version=2), ["unsupported", "format_version 2"]),
-    "unknown-family": (_edit_config(family="transformer-xl"), ["unknown family", "transformer-xl"]),
-    "bad-D": (_edit_config(D=99), ["D = 99"]),
-    "bad-layout": (_edit_config(layout={"family": "linear-td", "blocks": {"phi": [0, 5]}, "readout_block": "phi"}), ["layout"]),
-    "bad-d": (_edit_config(d=2.5), ["d must be a positive integer"]),
+    "future-format": (_edit_config(format_version=3), ["unsupported", "format_version 3"]),
+    "unknown-family": (_edit_config(model__family="transformer-xl"), ["unknown family", "transformer-xl"]),
+    "unknown-task-family": (_edit_config(task__family="gridworld"), ["unknown family", "gridworld"]),
+    "wrong-architecture": (_edit_config(model__architecture="lsa"), ["architecture 'lsa'", "linear-attention"]),
+    "no-model": (_edit_config(model=...), ["missing model"]),
+    "model-not-object": (_edit_config(model=[1]), ["model must be an object"]),
+    "bad-D": (_edit_config(model__D=99), ["D = 99"]),
+    "bad-layout": (_edit_config(model__layout={"family": "linear-td", "blocks": {"phi": [0, 5]}, "readout_block": "phi"}),
+                   ["layout"]),
+    "bad-d": (_edit_config(model__d=2.5), ["d must be a positive integer"]),
     "no-origin": (_edit_config(origin=...), ["missing origin"]),
     "origin-no-kind": (_edit_config(origin={"run": 1}), ["origin", "kind"]),
-    "bad-gamma": (_edit_config(gamma=1.5), ["gamma"]),
-    "bad-n": (_edit_config(n=-3), ["n must be positive"]),
+    "bad-gamma": (_edit_config(model__gamma=1.5), ["gamma"]),
+    "bad-n": (_edit_config(task__n=-3), ["task n must be a positive integer"]),
     "task-not-object": (_edit_config(task="boyan"), ["task"]),
-    "shapes-vs-config": (_edit_config(d=3, D=7, layout=ModelConfig("linear-td", 3).layout.to_dict()), ["shape", "D = 7"]),
-    "untied-needs-more": (_edit_config(tied=False), ["missing tensors", "blocks.1.attn.P"]),
+    "unknown-task-key": (_edit_config(task__horizon=3), ["task config has unknown keys", "horizon"]),
+    "training-not-object": (_edit_config(training=[1]), ["training must be an object"]),
+    "shapes-vs-config": (_edit_config(model__d=3, model__D=7, model__layout=ModelConfig("linear-td", 3).layout.to_dict()),
+                         ["shape", "D = 7"]),
+    "untied-needs-more": (_edit_config(model__tied=False), ["missing tensors", "blocks.1.attn.P"]),
     "extra-tensor": (_tensors(lambda t: t.update(extra=np.zeros((5, 5)))), ["unexpected tensors", "extra"]),
     "missing-tensor": (_tensors(lambda t: t.pop("blocks.0.attn.Q")), ["missing tensors", "blocks.0.attn.Q"]),
     "nan": (_tensors(lambda t: t["blocks.0.attn.P"].__setitem__((0, 0), np.nan)), ["blocks.0.attn.P", "NaN"]),
@@ -238,10 +255,50 @@ def test_bad_checkpoints_are_refused_with_a_named_problem(case, tmp_path):
     assert not MARKER.exists()
 
 
+FORMAT_1 = Path(__file__).parent / "fixtures" / "format_v1"
+"""Checkpoints written by format-1 code (icrl_interp before the family registry), one per family."""
+
+BAD_FORMAT_1 = {
+    "unknown-family": (_edit_config(family="transformer-xl"), ["unknown family", "transformer-xl"]),
+    "bad-D": (_edit_config(D=99), ["D = 99"]),
+    "bad-n": (_edit_config(n=-3), ["n must be a positive integer"]),
+    "no-layout": (_edit_config(layout=...), ["missing layout"]),
+    "task-not-object": (_edit_config(task="boyan"), ["task"]),
+    "bad-gamma": (_edit_config(gamma=1.5), ["gamma"]),
+}
+
+
+@pytest.mark.parametrize("family", ["linear-td", "softmax-td", "sarsa", "actor-critic"])
+def test_format_1_checkpoints_still_load(family, tmp_path):
+    src = FORMAT_1 / f"ckpt-{family}"
+    raw = json.loads((src / "config.json").read_text())
+    assert raw["format_version"] == 1
+    config, tensors = checkpoint.read(src)
+    assert config.family == config.task.family == raw["family"] and config.model.d == raw["d"]
+    assert config.task.n == raw["n"] and config.origin == raw["origin"] and config.model.layout.to_dict() == raw["layout"]
+    model = checkpoint.load(src)
+    assert sorted(tensors) == sorted(n for n, _ in model.named_parameters())
+    # re-saving writes format 2 with the same content
+    out = checkpoint.save(model, config, tmp_path / "v2")
+    again, _ = checkpoint.read(out)
+    assert again == config and json.loads((out / "config.json").read_text())["format_version"] == 2
+
+
+@pytest.mark.parametrize("case", BAD_FORMAT_1)
+def test_bad_format_1_configs_are_refused(case, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(FORMAT_1 / "ckpt-linear-td", ck)
+    edit, words = BAD_FORMAT_1[case]
+    edit(ck)
+    with raises_user(*words) as info:
+        checkpoint.read(ck)
+    assert "\n" not in str(info.value)
+
+
 def test_inspect_style_validation_of_config_dicts():
     with raises_user("format_version"):
         checkpoint.validate_config({"family": "sarsa"})
     good = checkpoint.make_config(ModelConfig("sarsa", 2), {"seed": 3})
-    assert checkpoint.validate_config(good) == ModelConfig("sarsa", 2)
+    assert checkpoint.validate_config(good.to_dict()) == good and good.model == ModelConfig("sarsa", 2)
     with pytest.raises(UserError):
         checkpoint.make_config(ModelConfig("sarsa", 2), {"seed": "three"})

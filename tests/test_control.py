@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from icrl_interp import actor_critic as AC
 from icrl_interp import checkpoint, control, envs
 from icrl_interp.cli import main
-from icrl_interp.models import theta_star_model
+from icrl_interp.construct import construct
+from icrl_interp.families import actor_critic, sarsa
+from icrl_interp.models import ModelConfig, theta_star_model
 
 from helpers import raises_user
 
@@ -25,7 +26,8 @@ def ckpts(tmp_path_factory):
     task = {"kind": "mdp", "n": 16, "n_states": 3, "n_actions": 2}
     sarsa = checkpoint.save(theta_star_model("sarsa", 6, gamma=0.5, alpha=1.0, c=-2.0), {"n": 16, "task": task},
                             root / "sarsa")
-    ac = AC.save_theta_star(root / "ac", n_states=3, n_actions=2, n=16, alpha=20.0, beta=0.5, c=0.5)
+    ac = construct("actor-critic", {"states": 3, "actions": 2, "n": 16, "alpha": 20.0, "critic_step": 0.5, "scale": 0.5},
+                   root / "ac")
     half = theta_star_model("sarsa", 6, gamma=0.5, alpha=1.0)
     with torch.no_grad():
         half.blocks[0].attn.V.mul_(0.5)  # outputs w + (1/2) * the SARSA step, while config.alpha says 1
@@ -60,7 +62,7 @@ def test_known_answer_tracking_of_a_half_step_model(ckpts):
 
 
 def test_returns_are_exact_policy_values():
-    algo = control.Algorithm("sarsa", 3, 2, 0.5, 1.0, 1.0, epsilon=0.2)
+    algo = sarsa.Control(3, 2, 0.5, 1.0, 1.0, epsilon=0.2)
     cfg = control.ControlConfig(mdps=4, iterations=5, n=8)
     mdp = control.draw_mdps(cfg, algo)
     trace = control.closed_loop(mdp, algo, 8, 5, np.random.default_rng(1))
@@ -75,7 +77,7 @@ def test_returns_are_exact_policy_values():
 
 
 def test_loop_continues_from_the_last_state(monkeypatch):
-    algo = control.Algorithm("actor-critic", 3, 2, 0.5, 5.0, 1.0)
+    algo = actor_critic.Control(3, 2, 0.5, 5.0, 1.0)
     cfg = control.ControlConfig(mdps=7, iterations=4, n=5)
     mdp = control.draw_mdps(cfg, algo)
     seen = []
@@ -95,7 +97,7 @@ def test_loop_continues_from_the_last_state(monkeypatch):
 
 
 def test_teacher_learns_on_held_out_mdps():
-    algo = control.Algorithm("sarsa", 4, 3, 0.5, 1.0, 1.0, epsilon=0.1)
+    algo = sarsa.Control(4, 3, 0.5, 1.0, 1.0, epsilon=0.1)
     cfg = control.ControlConfig(mdps=24, iterations=60, n=32, seed=3)
     mdp = control.draw_mdps(cfg, algo)
     trace = control.closed_loop(mdp, algo, 32, 60, np.random.default_rng(0))
@@ -107,7 +109,7 @@ def test_teacher_learns_on_held_out_mdps():
 
 
 def test_normal_rewards_and_mdp_stream_are_seeded():
-    algo = control.Algorithm("sarsa", 3, 2, 0.5, 1.0, 1.0)
+    algo = sarsa.Control(3, 2, 0.5, 1.0, 1.0)
     a = control.draw_mdps(control.ControlConfig(mdps=3, seed=5, rewards="normal"), algo)
     b = control.draw_mdps(control.ControlConfig(mdps=3, seed=5, rewards="normal"), algo)
     c = control.draw_mdps(control.ControlConfig(mdps=3, seed=5), algo)
@@ -137,7 +139,7 @@ def test_cli_refuses_bad_input(ckpts, tmp_path, capsys):
     lin = checkpoint.save(theta_star_model("linear-td", 3), {"n": 10}, tmp_path / "lin")
     assert main(["control", str(lin), "--mdps", "2", "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "sarsa or actor-critic" in err[0]
+    assert len(err) == 1 and "linear-td checkpoint" in err[0] and "sarsa, actor-critic" in err[0]
     assert main(["control", str(ckpts["sarsa"]), "--mdps", "0"]) == 2
     assert "mdps must be a positive integer" in capsys.readouterr().err
     assert main(["control", str(tmp_path / "missing")]) == 2
@@ -152,12 +154,12 @@ def test_config_validation():
     with raises_user("n must be"):
         control.ControlConfig(n=0).validate()
     with raises_user("d = 12", "n_states*n_actions = 36"):
-        control.algorithm_for({"family": "sarsa", "d": 12, "gamma": 0.5, "task": {"kind": "mdp"}})
+        control.algorithm_for(checkpoint.make_config(ModelConfig("sarsa", 12, gamma=0.5), {"task": {"kind": "mdp"}}))
 
 
 def test_divergence_is_recorded_not_fatal():
     """An output with Inf freezes that MDP's parameters and is reported; the other MDPs carry on."""
-    algo = control.Algorithm("sarsa", 3, 2, 0.5, 1.0, 1.0)
+    algo = sarsa.Control(3, 2, 0.5, 1.0, 1.0)
     cfg = control.ControlConfig(mdps=4, iterations=5, n=8)
     mdp = control.draw_mdps(cfg, algo)
     calls = []

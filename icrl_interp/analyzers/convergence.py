@@ -1,7 +1,8 @@
 """Convergence analyzers: value error against depth, distance to the teacher, and Wang's VD/SS/IWS.
 
 Array-level functions on float64 numpy arrays, batched over tasks (leading axis).
-Definitions: constructions.md sec. 1 (VD, SS, IWS) and sec. 2 (value error).
+Definitions: docs/concepts.md, sections Linear-attention TD(0) (VD, SS, IWS) and Softmax TD
+(value error).
 """
 from __future__ import annotations
 

@@ -1,28 +1,45 @@
-"""What an analyzer input is, and how to read a recording in chunks of prompts.
+"""What an analyzer input is, where inputs are (the one discovery helper), and how to read a
+recording in chunks of prompts.
 
-Inputs: a checkpoint directory (config.json + model.safetensors), an HDF5
-recording (docs/recording-format.md), or a `.safetensors` file of
-TransformerLens weights (analyzed with a user-supplied layout). A directory that
-is not a checkpoint is searched for checkpoints and recordings.
+Inputs: a checkpoint directory (config.json + model.safetensors), an HDF5 recording
+(docs/formats.md), or a `.safetensors` file of TransformerLens weights (analyzed with a
+user-supplied layout). A directory that is not a checkpoint is searched for checkpoints and
+recordings (`discover`); `icrl-interp analyze` and `icrl-interp report` both use it.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Iterator
 
 import numpy as np
 
+from .. import registry
 from ..errors import UserError
-from ..layouts import PromptLayout, layout_for
+from ..layouts import PromptLayout
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 RECORDING_SUFFIXES = (".h5", ".hdf5")
+STEP_DIR = re.compile(r"^step_(\d+)$")
+"""Checkpoints of a training run: <run>/checkpoints/step_<n>/."""
+SKIP_DIRS = ("cache",)
+"""Directory names never searched (the report's analysis cache); hidden directories are skipped too."""
 
 
-def is_checkpoint(path: Path) -> bool:
+def is_checkpoint(path) -> bool:
+    """A directory with config.json and model.safetensors."""
+    path = Path(path)
     return path.is_dir() and (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+
+
+def is_step_dir(path) -> bool:
+    """`checkpoints/step_<n>/` of a training run: a checkpoint even while incomplete (so that a
+    half-written one is reported as failed instead of silently vanishing)."""
+    path = Path(path)
+    return bool(STEP_DIR.match(path.name)) and path.parent.name == "checkpoints"
 
 
 def input_kind(path) -> str:
@@ -43,25 +60,68 @@ def input_kind(path) -> str:
     raise UserError(f"{path}: neither a checkpoint directory, an HDF5 recording nor a .safetensors file")
 
 
+@dataclass(frozen=True)
+class Found:
+    """One input found by `discover`."""
+
+    path: Path
+    """The path, as given or joined below a given directory (never made absolute here)."""
+    kind: str
+    """'checkpoint' (a directory), 'file' (a file named on the command line: recording, TL weights or
+    junk, `input_kind` tells), 'recording' (an .h5 / .hdf5 file found in a directory) or 'missing'."""
+    problem: str = ""
+    """Why a 'missing' input cannot be analyzed ('does not exist', 'holds no checkpoints or recordings')."""
+
+
+def _scan(root: Path) -> list[Found]:
+    found: list[Found] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        dirnames.sort()
+        if is_checkpoint(here) or is_step_dir(here):
+            found.append(Found(here, "checkpoint"))
+            dirnames[:] = []
+            continue
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")]
+        found.extend(Found(here / f, "recording") for f in sorted(filenames) if f.endswith(RECORDING_SUFFIXES))
+    return found
+
+
+def discover(paths, unique: bool = True) -> list[Found]:
+    """The inputs named by `paths`, in order.
+
+    A file is taken as named. A checkpoint directory (or a directory with a config.json and no
+    `checkpoints/` folder: a broken checkpoint, to be reported as such) is one input. Any other
+    directory expands to the checkpoints and recordings below it, in sorted walk order: checkpoint
+    directories (and `checkpoints/step_*` ones, complete or not) are not entered, `cache` and hidden
+    directories are skipped. A path that does not exist, or a directory holding nothing, is a
+    'missing' input with its problem. `unique` drops repeats of a path already found.
+    """
+    out: list[Found] = []
+    seen: set[Path] = set()
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            items = [Found(p, "missing", "does not exist")]
+        elif p.is_file():
+            items = [Found(p, "file")]
+        elif is_checkpoint(p) or ((p / "config.json").is_file() and not (p / "checkpoints").is_dir()):
+            items = [Found(p, "checkpoint")]
+        else:
+            items = _scan(p) or [Found(p, "missing", "holds no checkpoints or recordings")]
+        for item in items:
+            if unique and item.path in seen:
+                continue
+            seen.add(item.path)
+            out.append(item)
+    return out
+
+
 def expand_inputs(paths) -> list[str]:
     """Each path as given, except directories that are not checkpoints: those expand to the
-    checkpoints and recordings found below them (sorted); an empty directory stays as is (and fails)."""
-    out: list[str] = []
-    for p in map(Path, paths):
-        if p.is_dir() and not is_checkpoint(p):
-            found = []
-            for root, dirs, files in os.walk(p):
-                dirs.sort()
-                r = Path(root)
-                if is_checkpoint(r):
-                    found.append(str(r))
-                    dirs[:] = []
-                    continue
-                found.extend(str(r / f) for f in sorted(files) if f.endswith(RECORDING_SUFFIXES))
-            out.extend(sorted(found) or [str(p)])
-        else:
-            out.append(str(p))
-    return out
+    checkpoints and recordings found below them (`discover`); a path that holds nothing stays as
+    given (and fails with the analyzer's reason). Repeats are kept: one row per path named."""
+    return [str(f.path) for f in discover(paths, unique=False)]
 
 
 def layout_from_dict(data: dict) -> PromptLayout:
@@ -71,15 +131,32 @@ def layout_from_dict(data: dict) -> PromptLayout:
     return PromptLayout.from_dict(data)
 
 
-def layout_from_config(config: dict) -> PromptLayout:
-    """The checkpoint's layout (config['layout']), else the family's default for its dimensions."""
-    raw = config.get("layout")
-    if isinstance(raw, dict) and "blocks" in raw:
-        return layout_from_dict({"family": config.get("family"), **raw})
-    try:
-        return layout_for(config["family"], int(config["d"]), config.get("m"))
-    except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"checkpoint config lacks what the layout needs: {e!r}") from None
+def layout_from_config(config) -> PromptLayout:
+    """A checkpoint's prompt layout: a `CheckpointConfig`, or a config.json dict (format 1 or 2)."""
+    from ..models.config import CheckpointConfig
+
+    if not isinstance(config, CheckpointConfig):
+        if not isinstance(config, dict):
+            raise UserError(f"malformed checkpoint config: {config!r}")
+        config = CheckpointConfig.from_dict(config)
+    return config.model.layout
+
+
+def family_dims(family: str, layout: PromptLayout) -> tuple[int, int | None]:
+    """(d, m) for which the family's layout is `layout` (block names and sizes); UserError if none."""
+    fam = registry.get(family)
+    want = [(name, layout.size(name)) for name in layout.names]
+    D = layout.d_model
+    for d in range(1, D + 1):
+        for m in (range(1, D + 1) if fam.needs_m else (None,)):
+            try:
+                cand = fam.layout(d, m)
+            except UserError:
+                continue
+            if cand.d_model == D and [(n, cand.size(n)) for n in cand.names] == want:
+                return d, m
+    raise UserError(f"the layout (blocks {', '.join(layout.names)}, d_model {D}) is not a {family} layout "
+                    f"for any dimensions")
 
 
 def read_layout_file(path) -> PromptLayout:

@@ -4,7 +4,7 @@ Orientation: patterns are TransformerLens-style [batch, head, target q, source k
 (each target's weights over sources sum to 1). The state of position p is
 `states[:, p]` (the softmax prompt's column k = p + 1 holds S_{k-1} = S_p).
 
-Definitions (constructions.md sec. 2), per task:
+Definitions (docs/concepts.md, section Softmax TD), per task:
   M_hat(s, s') = mean over targets j with state s of  sum_k K[j <- k] 1{state_k = s'}
 so M_hat is row-stochastic over s' when every source has a state label. Diagonality
 of a task = its diagonal over the states that occur both as a target and as a source
@@ -60,7 +60,7 @@ def population_kernel(
 ) -> Float[Array, "batch s s"]:
     """M_pi(s, s') = mu(s') exp(x(s')^T A11 x(s)) / sum_u mu(u) exp(x(u)^T A11 x(s)).
 
-    Row s is the target state, column s' the source state (constructions.md sec. 2).
+    Row s is the target state, column s' the source state (docs/concepts.md, section Softmax TD).
     """
     scores = (x @ A11.T) @ np.swapaxes(x, 1, 2)  # [b, target s, source u] = x_u^T A11 x_s
     scores = scores - scores.max(axis=-1, keepdims=True)

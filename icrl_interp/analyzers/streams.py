@@ -1,7 +1,9 @@
 """Per-chunk accumulators of the activation analyzers: each is fed the same chunk of prompts
 and keeps only fixed-size statistics, so a recording of any length is analyzed in one pass.
 
-`analyze._activations` decides which of them a recording supports and drives them.
+`analyze._activations` decides which of them a recording supports and drives them. What each
+stream reads comes from the registry: the task family's `Hints` (where the algorithm's output and
+TD error sit in the prompt layout) and the model architecture's parameter names.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..layouts import PromptLayout
+from ..registry import Hints
 from . import convergence, inputs, kernel, td_probe, weights
 
 
@@ -24,13 +27,14 @@ def layer_param(params: dict, layer: int, key: str):
 
 
 class PopulationKernel:
-    """M_pi per layer from the learned score block A_l[x, x] and tasks (features, mu_pi)."""
+    """M_pi per layer from the learned score block S_l[block, block] and tasks (features, mu_pi)."""
 
-    def __init__(self, params: dict, layout: PromptLayout, n_layers: int, gamma: float, n_states: int):
-        x = layout.slice("x")
+    def __init__(self, params: dict, layout: PromptLayout, n_layers: int, gamma: float, n_states: int,
+                 score: str = "A", block: str = "x"):
+        x = layout.slice(block)
         self.A11 = []
         for l in range(n_layers):
-            A = layer_param(params, l, "A")
+            A = layer_param(params, l, score)
             self.A11.append(None if A is None else np.asarray(A, dtype=np.float64)[x, x])
         self.acc = [kernel.DiagonalityAccumulator(gamma, n_states) for _ in range(n_layers)]
 
@@ -59,19 +63,15 @@ def probe_iteration(hook: str, layer: int) -> int:
     return layer + 1 if hook.endswith(("hook_resid_post", "hook_tsm_out")) else layer
 
 
-def td_direction(family: str, layout: PromptLayout | None) -> np.ndarray | None:
-    """The construction's TD-error direction in the residual basis (Wang: reward row; Xie: value row)."""
-    if layout is None:
+def td_direction(hints: Hints | None, layout: PromptLayout | None) -> np.ndarray | None:
+    """The construction's TD-error direction in the residual basis (`Hints.td_direction`: block ->
+    coefficient; e.g. Wang: the reward row, Xie: reward + target - current); None where there is none."""
+    if layout is None or hints is None or not hints.td_direction:
         return None
     v = np.zeros(layout.d_model)
-    if family == "linear-td":
-        v[layout.slice("reward")] = 1.0
-        return v
-    if family == "softmax-td":
-        for block, s in (("reward", 1.0), ("target_mem", 1.0), ("current_mem", -1.0)):
-            v[layout.slice(block)] = s
-        return v
-    return None
+    for block, coef in hints.td_direction.items():
+        v[layout.slice(block)] = coef
+    return v
 
 
 class ProbeStream:
@@ -142,17 +142,22 @@ class ChunkSplit:
 
 
 class ValueStream:
-    """Value error of layer l read from hook_resid_post through the layout's readout."""
+    """Value error of layer l read from hook_resid_post where the task family's output sits
+    (`Hints.output`): 'query' (the readout of the last position, against v_pi of the query state),
+    'positions' (block `value_block` of every position, per-state against v_pi) or 'parameters'
+    (blocks `output_blocks` of the last position, against the reference update)."""
 
-    def __init__(self, family, layer, layout, ds, pos, has_tasks, has_ref_values):
-        self.family, self.layer, self.layout = family, layer, layout
+    def __init__(self, hints: Hints, layer, layout, ds, pos, has_tasks, has_ref_values):
+        self.hints, self.mode, self.layer, self.layout = hints, hints.output, layer, layout
+        if self.mode not in ("query", "positions", "parameters"):
+            raise ValueError(f"unknown output kind {self.mode!r} in the family's hints")
         self.path = f"acts/blocks.{layer}.hook_resid_post"
         self.p = inputs.positions(ds.attrs, ds.shape, 1, pos, self.path[5:])
         self.pos, self.has_tasks, self.has_ref = pos, has_tasks, has_ref_values
         self.sum = {"err": 0.0, "rms": 0.0, "ref_err": 0.0, "ref_rms": 0.0, "rel": 0.0}
         self.count = {"err": 0, "ref_err": 0, "rel": 0}
         self.gap = 0.0
-        if family in ("linear-td", "sarsa", "actor-critic") and self.p[-1] != pos - 1:
+        if self.mode in ("query", "parameters") and self.p[-1] != pos - 1:
             raise ValueError("the last (query / parameter) position is not recorded")
 
     def _add(self, key, errs, rms=None):
@@ -162,10 +167,14 @@ class ValueStream:
             self.sum[key.replace("err", "rms")] += float(rms[ok].sum())
         self.count[key] += int(ok.sum())
 
+    def _output_columns(self, z_last: np.ndarray) -> np.ndarray:
+        """The output blocks of the last position, concatenated in hint order."""
+        return np.concatenate([z_last[..., self.layout.slice(b)] for b in self.hints.output_blocks], axis=-1)
+
     def update(self, data: dict) -> None:
         z = data[self.path]
-        if self.family == "softmax-td":
-            v_pos = z[:, :, self.layout.slice("current_mem").start].astype(np.float64)
+        if self.mode == "positions":
+            v_pos = z[:, :, self.layout.slice(self.hints.value_block).start].astype(np.float64)
             if self.has_ref:
                 ref = data["reference/values"][:, self.layer + 1][:, self.p]
                 self.gap = max(self.gap, float(np.max(np.abs(v_pos - ref), initial=0.0)))
@@ -176,7 +185,7 @@ class ValueStream:
                 self._add("err", *convergence.value_errors(convergence.state_values(v_pos, states, S), v_true, mu))
                 if self.has_ref:
                     self._add("ref_err", *convergence.value_errors(convergence.state_values(ref, states, S), v_true, mu))
-        elif self.family == "linear-td":
+        elif self.mode == "query":
             v = self.layout.readout(z)[:, 0].astype(np.float64)
             if self.has_ref:
                 ref = data["reference/values"][:, self.layer + 1, 0]
@@ -185,18 +194,18 @@ class ValueStream:
                 q = data["prompts/state"][:, -1]
                 v_true = np.where(q >= 0, np.take_along_axis(data["tasks/values"], np.maximum(q, 0)[:, None], 1)[:, 0], np.nan)
                 err = np.abs(v - v_true)
+                # NOTE (kept from 0.1 so results stay comparable): the "rms" sum takes |err|, so the
+                # query value_rms below is sqrt(mean |err|), not an RMS
                 self._add("err", err, err)
                 if self.has_ref:
                     rerr = np.abs(ref - v_true)
                     self._add("ref_err", rerr, rerr)
-        else:  # LSA: the parameter column against the teacher's update
+        else:  # the updated parameters in the last column against the teacher's update
             teacher = data["reference/output"]
-            z = z[:, -1:].astype(np.float64)
-            out = self.layout.readout(z)
+            out = self._output_columns(z[:, -1].astype(np.float64))
             if out.shape[-1] != teacher.shape[-1]:
-                out = z[:, -1, self.layout.slice("param_one").stop :]
-            if out.shape[-1] != teacher.shape[-1]:
-                raise UserError(f"reference output has width {teacher.shape[-1]}, the readout {out.shape[-1]}")
+                raise UserError(f"reference output has width {teacher.shape[-1]}, the output blocks "
+                                f"{', '.join(self.hints.output_blocks)} {out.shape[-1]}")
             dist, rel = convergence.teacher_distance(out, teacher)
             self._add("err", dist)
             self._add("rel", rel)
@@ -205,12 +214,12 @@ class ValueStream:
     def result(self) -> dict:
         n, nr = self.count["err"], self.count["ref_err"]
         out = {"value_error": mean_or_none(self.sum["err"], n)}
-        if self.family in ("sarsa", "actor-critic"):
+        if self.mode == "parameters":
             out["teacher_rel_err"] = mean_or_none(self.sum["rel"], self.count["rel"])
             out["reference_gap"] = self.gap
             return out
         rms = self.sum["rms"] / n if n else None
-        out.update({"value_rms": math.sqrt(rms) if (self.family == "linear-td" and rms is not None) else rms,
+        out.update({"value_rms": math.sqrt(rms) if (self.mode == "query" and rms is not None) else rms,
                     "reference_value_error": mean_or_none(self.sum["ref_err"], nr),
                     "reference_gap": self.gap if self.has_ref else None})
         return out
@@ -286,11 +295,12 @@ class KernelStream:
 
 
 class WangStream:
-    """VD, SS and IWS of a linear-attention TD model from its recorded context columns."""
+    """VD, SS and IWS of a linear-attention TD model from its recorded context columns
+    (`value` / `score`: the architecture's parameter names of P and Q)."""
 
-    def __init__(self, params, layout, n_layers, pos):
-        self.P = [np.asarray(layer_param(params, l, "P"), dtype=np.float64) for l in range(n_layers)]
-        self.Q = [np.asarray(layer_param(params, l, "Q"), dtype=np.float64) for l in range(n_layers)]
+    def __init__(self, params, layout, n_layers, pos, value: str = "P", score: str = "Q"):
+        self.P = [np.asarray(layer_param(params, l, value), dtype=np.float64) for l in range(n_layers)]
+        self.Q = [np.asarray(layer_param(params, l, score), dtype=np.float64) for l in range(n_layers)]
         self.layout, self.L, self.n = layout, n_layers, pos - 1
         self.sums = {"VD": 0.0, "SS": 0.0, "IWS": 0.0}
         self.count = 0

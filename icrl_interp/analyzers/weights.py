@@ -1,10 +1,12 @@
 """Weight analyzers: block sparsity, scaling-manifold alignment, sign pattern, TL-head conversion.
 
-Everything acts on parameter matrices in the prompt basis (constructions.md): a
+Everything acts on parameter matrices in the prompt basis (docs/concepts.md): a
 score matrix S with score(source i, target j) = z_i^T S z_j and a value map V
 acting on column vectors. A matrix is cut into (row block, column block) pieces by
 a `PromptLayout`. The *support* of a parameter is the set of blocks where the
-family's theta* is non-zero; it is derived from theta*, never hard-coded.
+family's theta* is non-zero; it is derived from theta*, never hard-coded. Which matrices
+are fitted to theta* and how comes from the family's registry hints (`Hints.weight_fit`,
+`lazy_from`, `wang_summary`), never from its name.
 """
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ import re
 import numpy as np
 from jaxtyping import Bool, Float
 
+from .. import registry
 from ..errors import UserError
 from ..layouts import PromptLayout
+from ..registry import BlockFit, Hints, ValueRowFit
 
 Array = np.ndarray
 
@@ -97,16 +101,32 @@ def support_energy(pairs: list[tuple[np.ndarray, np.ndarray]], layout: PromptLay
     return math.nan if total == 0.0 else inside / total
 
 
-def lsa_blocks(layout: PromptLayout) -> tuple[slice, slice]:
-    """(transition rows, parameter rows) of an LSA layout: the parameter block starts at `param_one`."""
-    start = layout.slice("param_one").start
-    return slice(0, start), slice(start, layout.d_model)
+def block_range(spec: str, layout: PromptLayout) -> slice:
+    """A row / column range of a `BlockFit`: ':' (all), ':block' (before the block), 'block:' (from
+    the block on) or 'block' (the block itself)."""
+    if spec == ":":
+        return slice(0, layout.d_model)
+    if spec.startswith(":"):
+        return slice(0, layout.slice(spec[1:]).start)
+    if spec.endswith(":"):
+        return slice(layout.slice(spec[:-1]).start, layout.d_model)
+    return layout.slice(spec)
+
+
+def lsa_blocks(layout: PromptLayout, split: str = "param_one") -> tuple[slice, slice]:
+    """(rows before `split`, rows from `split` on): an LSA layout's transition and parameter blocks."""
+    return block_range(":" + split, layout), block_range(split + ":", layout)
+
+
+def lazy_norms(mats: dict[str, np.ndarray], layout: PromptLayout, lazy_from: str) -> dict:
+    """{'<name>22': norm of matrix[lazy, lazy]} with lazy = the rows / columns from `lazy_from` on (0 under theta*)."""
+    _, lazy = lsa_blocks(layout, lazy_from)
+    return {f"{name}22": float(np.linalg.norm(m[lazy, lazy])) for name, m in mats.items()}
 
 
 def lazy_blocks(P: Float[Array, "D D2"], V: Float[Array, "D D2"], layout: PromptLayout) -> dict:
     """Norms of the lazy blocks P22 = P[param, param] and V22 = V[param, param] (0 under theta*)."""
-    _, par = lsa_blocks(layout)
-    return {"P22": float(np.linalg.norm(P[par, par])), "V22": float(np.linalg.norm(V[par, par]))}
+    return lazy_norms({"P": P, "V": V}, layout, "param_one")
 
 
 # ---------------------------------------------------------- scaling manifold
@@ -213,18 +233,14 @@ def tl_head_matrices(
     return (W_Q @ W_K.T).T, (W_V @ W_O).T
 
 
-# family parameter names of (score matrix, value map) in each family's layer
-SCORE_VALUE_NAMES = {"linear-td": ("Q", "P"), "softmax-td": ("A", "V"), "sarsa": ("P", "V"), "actor-critic": ("P", "V")}
-
-
 def tl_to_family(tensors: dict[str, np.ndarray], family: str, head: int = 0) -> dict[str, np.ndarray]:
-    """Map TL weights blocks.{l}.attn.W_Q/W_K/W_V/W_O ([n_heads, ...] or per head) to family names.
-
-    linear-td: Q = score, P = value; softmax-td: A = score, V = value; LSA: P = score, V = value.
-    """
-    if family not in SCORE_VALUE_NAMES:
-        raise UserError(f"cannot map TransformerLens weights to family {family!r} (known: {', '.join(SCORE_VALUE_NAMES)})")
-    score_name, value_name = SCORE_VALUE_NAMES[family]
+    """Map TL weights blocks.{l}.attn.W_Q/W_K/W_V/W_O ([n_heads, ...] or per head) to a family's names:
+    the score matrix and the value map of the family's architecture (`registry.Architecture.score`,
+    `.value`; e.g. linear attention: Q = score, P = value; softmax: A, V; LSA: P, V)."""
+    if registry.find(family) is None:
+        raise UserError(f"cannot map TransformerLens weights to family {family!r} (known: {', '.join(registry.names())})")
+    arch = registry.architecture(registry.get(family).architecture)
+    score_name, value_name = arch.score, arch.value
     layers = sorted({split_param_name(n)[0] for n in tensors if n.startswith("blocks.") and ".attn.W_" in n})
     if not layers:
         raise UserError("no TransformerLens attention weights (blocks.<l>.attn.W_Q, W_K, W_V, W_O) found")
@@ -277,68 +293,99 @@ def _check_theta(params: dict, theta: dict, layout: PromptLayout) -> dict[str, t
     return pairs
 
 
-def _layer_fit(family: str, layer: int, pairs: dict, layout: PromptLayout) -> dict | None:
+def hints_of(family) -> Hints:
+    """The analysis hints of a family given by name, `registry.Family` or `registry.Hints`."""
+    if isinstance(family, Hints):
+        return family
+    if isinstance(family, registry.Family):
+        return family.hints
+    return registry.get(family).hints
+
+
+def fit_parameters(hints: Hints) -> tuple[str, ...]:
+    """The parameters `Hints.weight_fit` compares with theta* (BlockFit: X, Y; ValueRowFit: score, value)."""
+    spec = hints.weight_fit
+    if isinstance(spec, BlockFit):
+        return spec.x[0], spec.y[0]
+    if isinstance(spec, ValueRowFit):
+        return spec.score, spec.value
+    return ()
+
+
+def _block_fit(spec: BlockFit, hints: Hints, get, layout: PromptLayout) -> dict | None:
+    X, Y = get(spec.x[0]), get(spec.y[0])
+    if X is None or Y is None:
+        return None
+    rx, cx = block_range(spec.x[1], layout), block_range(spec.x[2], layout)
+    ry, cy = block_range(spec.y[1], layout), block_range(spec.y[2], layout)
+    fit = manifold_fit(X[0][rx, cx], X[1][rx, cx], Y[0][ry, cy], Y[1][ry, cy], spec.names)
+    if hints.wang_summary:
+        fit["pq_summary"] = pq_summary(X[0], Y[0], layout)
+    return fit
+
+
+def _value_row_fit(spec: ValueRowFit, get, layout: PromptLayout) -> dict | None:
+    A, V = get(spec.score), get(spec.value)
+    if A is None or V is None:
+        return None
+    # theta*'s score is a multiple of a fixed pattern: normalise so the scale is in units of that pattern
+    A_unit = A[1] / np.max(np.abs(A[1]))
+    s = ls_scale(A[0], A_unit)
+    row = layout.slice(spec.row).start
+    cols = [layout.slice(b).start for b in spec.columns]
+    values = V[0][row, cols]
+    fit = {
+        "scale": s,
+        "rel_err": {spec.score: rel_err(A[0], s * A_unit), spec.value: rel_err(V[0], ls_scale(V[0], V[1]) * V[1])},
+        "gauge_cosine": cosine(V[0], V[1]),
+        "value_row": [float(x) for x in values],
+        "value_row_cosine": cosine(values, V[1][row, cols]),
+        "sign_pattern": sign_pattern(values),
+    }
+    for name in spec.extra:
+        E = get(name)
+        if E is not None:
+            fit["rel_err"][name] = rel_err(E[0], ls_scale(E[0], E[1]) * E[1])
+    return fit
+
+
+def _layer_fit(hints: Hints, layer: int, pairs: dict, layout: PromptLayout) -> dict | None:
     """Manifold / scale fit of one layer's parameters (None if the layer lacks them)."""
     def get(key):
         return pairs.get(f"blocks.{layer}.attn.{key}")
 
-    if family == "linear-td":
-        P, Q = get("P"), get("Q")
-        if P is None or Q is None:
-            return None
-        fit = manifold_fit(P[0], P[1], Q[0], Q[1], ("P", "Q"))
-        fit["pq_summary"] = pq_summary(P[0], Q[0], layout)
-        return fit
-    if family in ("sarsa", "actor-critic"):
-        P, V = get("P"), get("V")
-        if P is None or V is None:
-            return None
-        tr, par = lsa_blocks(layout)
-        fit = manifold_fit(P[0][tr, par], P[1][tr, par], V[0][par, tr], V[1][par, tr], ("P12", "V21"))
-        fit["lazy_blocks"] = lazy_blocks(P[0], V[0], layout)
-        return fit
-    if family == "softmax-td":
-        A, V = get("A"), get("V")
-        if A is None or V is None:
-            return None
-        # theta*'s A is score_scale * diag(I, 0, 0, 0): normalise so the scale is in units of diag(I, 0, 0, 0)
-        A_unit = A[1] / np.max(np.abs(A[1]))
-        s = ls_scale(A[0], A_unit)
-        cur = layout.slice("current_mem").start
-        cols = [layout.slice(b).start for b in ("reward", "target_mem", "current_mem")]
-        row = V[0][cur, cols]
-        fit = {
-            "scale": s,
-            "rel_err": {"A": rel_err(A[0], s * A_unit), "V": rel_err(V[0], ls_scale(V[0], V[1]) * V[1])},
-            "gauge_cosine": cosine(V[0], V[1]),
-            "value_row": [float(x) for x in row],
-            "value_row_cosine": cosine(row, V[1][cur, cols]),
-            "sign_pattern": sign_pattern(row),
-        }
-        Vt = get("V_target")
-        if Vt is not None:
-            fit["rel_err"]["V_target"] = rel_err(Vt[0], ls_scale(Vt[0], Vt[1]) * Vt[1])
-        return fit
-    return None
+    spec = hints.weight_fit
+    if isinstance(spec, BlockFit):
+        fit = _block_fit(spec, hints, get, layout)
+    elif isinstance(spec, ValueRowFit):
+        fit = _value_row_fit(spec, get, layout)
+    else:
+        return None
+    if fit is not None and hints.lazy_from is not None:
+        fit["lazy_blocks"] = lazy_norms({k: get(k)[0] for k in fit_parameters(hints)}, layout, hints.lazy_from)
+    return fit
 
 
-def analyze_weights(family: str, params: dict[str, np.ndarray], theta: dict[str, np.ndarray],
-                    layout: PromptLayout) -> dict:
-    """The `weights` section of the analysis contract (see the README, section Analyzers).
+def analyze_weights(family: str | registry.Family | Hints, params: dict[str, np.ndarray],
+                    theta: dict[str, np.ndarray], layout: PromptLayout) -> dict:
+    """The `weights` section of the analysis contract (docs/analyzers.md).
 
-    Top-level manifold fields and sign_pattern describe the last parameter layer (the only
-    one when weights are tied or for LSA); `manifold.per_layer` lists every layer. Without a
-    theta* (empty `theta`) only block norms and the LSA lazy drift are reported.
+    `family` (a registered name, `registry.Family` or its `Hints`) says how the matrices are fitted
+    to theta* (`Hints.weight_fit`) and which blocks are lazy (`Hints.lazy_from`). Top-level manifold
+    fields and sign_pattern describe the last parameter layer (the only one when weights are tied or
+    for LSA); `manifold.per_layer` lists every layer. Without a theta* (empty `theta`) only block
+    norms and the lazy drift are reported.
     """
-    if not theta:  # no construction for this family yet: what needs no theta* still counts
+    hints = hints_of(family)
+    if not theta:  # no construction for this family: what needs no theta* still counts
         learned = {name: check_fits(name, m, layout) for name, m in sorted(params.items())}
         sparsity = {"in_support_energy": None, "lazy_drift": None,
                     "block_norms": {name: block_norms(m, layout) for name, m in learned.items()}}
         last = max(layers_of(learned), default=0)
-        P, V = learned.get(f"blocks.{last}.attn.P"), learned.get(f"blocks.{last}.attn.V")
-        if family in ("sarsa", "actor-critic") and P is not None and V is not None:
-            sparsity["lazy_blocks"] = lazy = lazy_blocks(P, V, layout)
-            sparsity["lazy_drift"] = math.hypot(lazy["P22"], lazy["V22"])
+        mats = {k: learned.get(f"blocks.{last}.attn.{k}") for k in fit_parameters(hints)}
+        if hints.lazy_from is not None and mats and all(m is not None for m in mats.values()):
+            sparsity["lazy_blocks"] = lazy = lazy_norms(mats, layout, hints.lazy_from)
+            sparsity["lazy_drift"] = math.hypot(*lazy.values())
         return {"block_sparsity": sparsity, "manifold": None, "sign_pattern": None}
     pairs = _check_theta(params, theta, layout)
     norms = {name: block_norms(m, layout) for name, (m, _) in sorted(pairs.items())}
@@ -351,7 +398,7 @@ def analyze_weights(family: str, params: dict[str, np.ndarray], theta: dict[str,
     }
     per_layer = []
     for l in layers_of(dict(pairs)):
-        fit = _layer_fit(family, l, pairs, layout)
+        fit = _layer_fit(hints, l, pairs, layout)
         if fit is not None:
             per_layer.append({"layer": l, **fit})
     manifold, pattern = None, None
@@ -359,13 +406,13 @@ def analyze_weights(family: str, params: dict[str, np.ndarray], theta: dict[str,
         last = per_layer[-1]
         manifold = {"scale": last["scale"], "rel_err": last["rel_err"], "gauge_cosine": last["gauge_cosine"],
                     "layer": last["layer"], "per_layer": per_layer}
-        if family == "softmax-td":
+        if "value_row_cosine" in last:
             manifold["value_row_cosine"] = last["value_row_cosine"]
-            pattern = last["sign_pattern"]
-        if family == "linear-td":
+        pattern = last.get("sign_pattern")
+        if "pq_summary" in last:
             manifold["pq_summary"] = last["pq_summary"]
-        if family in ("sarsa", "actor-critic"):
+        if "lazy_blocks" in last:
             lazy = last["lazy_blocks"]
             sparsity["lazy_blocks"] = lazy
-            sparsity["lazy_drift"] = math.hypot(lazy["P22"], lazy["V22"])
+            sparsity["lazy_drift"] = math.hypot(*lazy.values())
     return {"block_sparsity": sparsity, "manifold": manifold, "sign_pattern": pattern}

@@ -6,19 +6,15 @@ import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..analyzers import AnalyzeOptions
+    from ..cli_fields import add_fields
+
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="checkpoint directory, HDF5 recording, TL .safetensors weights, or a directory of them")
     p.add_argument("--json", metavar="OUT.json", help="write the analysis here (one object, or a list for several inputs)")
     p.add_argument("--workers", type=int, default=None, help="parallel processes (default: one per input, at most the CPUs)")
-    p.add_argument("--layout", metavar="LAYOUT.json", help="prompt layout for TL weights or generic recordings")
-    p.add_argument("--family", choices=["linear-td", "softmax-td", "sarsa"],
-                   help="construction to compare TL weights against (with --layout)")
-    p.add_argument("--head", type=int, default=0, help="attention head of TL weights")
-    p.add_argument("--chunk-mib", type=float, default=128.0, help="memory budget per chunk of prompts (MiB)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the probes' task split")
-    p.add_argument("--probe-tasks", type=int, default=8192,
-                   help="at most about this many tasks (hashed subset) feed the TD probes; 0 = all")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--layout", metavar="LAYOUT.json", help="prompt layout file for TL weights or generic recordings")
+    p.set_defaults(_fields=add_fields(p, AnalyzeOptions, skip=("layout",), aliases={"probe_max_tasks": ("--probe-tasks",)}))
 
 
 def _fmt(x, spec=".3g") -> str:
@@ -36,7 +32,9 @@ def table(rows: list[dict]) -> str:
         w = r.get("weights") or {}
         bs, mf = w.get("block_sparsity") or {}, w.get("manifold") or {}
         rel = ", ".join(f"{k} {_fmt(v)}" for k, v in (mf.get("rel_err") or {}).items())
-        lines.append(f"   {r.get('family')} ({r.get('kind')}), layers {r.get('n_layers')}, gamma {_fmt(r.get('gamma'))}")
+        task = r.get("task_family")
+        on = f" on {task} prompts" if task and task != r.get("family") else ""
+        lines.append(f"   {r.get('family')} ({r.get('kind')}){on}, layers {r.get('n_layers')}, gamma {_fmt(r.get('gamma'))}")
         if w:
             lines.append(f"   weights: in-support energy {_fmt(bs.get('in_support_energy'), '.4f')}, "
                          f"lazy drift {_fmt(bs.get('lazy_drift'))}, scale c {_fmt(mf.get('scale'), '.4g')}, "
@@ -60,48 +58,31 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_json_atomic(path, payload) -> None:
-    """Write JSON to a temporary file beside `path`, then rename it into place."""
-    import json
-    import os
-    import tempfile
-    from pathlib import Path
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def run(args) -> int:
+    from .. import registry
     from ..analyzers import AnalyzeOptions, analyze_many
     from ..analyzers.inputs import read_layout_file
+    from ..cli_fields import build, given
     from ..errors import UserError
+    from ..files import write_json
 
+    values = {"progress": sys.stderr.isatty(), **given(args, args._fields)}
     if args.workers is not None and args.workers < 1:
         raise UserError("--workers must be at least 1")
-    if not args.chunk_mib > 0:
+    if not values.get("chunk_mib", 1.0) > 0:
         raise UserError("--chunk-mib must be positive")
-    if (args.family is None) != (args.layout is None):
+    if values.get("family") is not None:
+        registry.get(values["family"])  # one line naming the known families
+    if (values.get("family") is None) != (args.layout is None):
         raise UserError("--family and --layout go together (they say how to read TL weights)")
-    layout = read_layout_file(args.layout).to_dict() if args.layout else None
-    if args.probe_tasks < 0:
+    if values.get("probe_max_tasks", 0) < 0:
         raise UserError("--probe-tasks must be >= 0 (0 = all tasks)")
-    opts = AnalyzeOptions(chunk_mib=args.chunk_mib, seed=args.seed, probe_max_tasks=args.probe_tasks,
-                          layout=layout, family=args.family, head=args.head,
-                          progress=not args.no_progress and sys.stderr.isatty())
+    values["layout"] = read_layout_file(args.layout).to_dict() if args.layout else None
+    opts = build(AnalyzeOptions, values)
     rows = analyze_many(args.inputs, workers=args.workers, options=opts)
     print(table(rows))
     if args.json:
-        write_json_atomic(args.json, rows[0] if len(rows) == 1 and len(args.inputs) == 1 else rows)
+        write_json(args.json, rows[0] if len(rows) == 1 and len(args.inputs) == 1 else rows)
     failed = [r for r in rows if "error" in r]
     for r in failed:
         print(f"icrl-interp analyze: error: {r['source']}: {r['error']}", file=sys.stderr)

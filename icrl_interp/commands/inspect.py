@@ -23,15 +23,20 @@ def run(args) -> int:
     }
     digest = checkpoint.sha256(args.checkpoint)
     if args.json:
-        print(json.dumps({"config": config, "parameters": params, "sha256": digest}, indent=2))
+        print(json.dumps({"config": config.to_dict(), "parameters": params, "sha256": digest}, indent=2))
         return 0
-    layout = config["layout"]
-    blocks = ", ".join(f"{k} [{a}, {b})" for k, (a, b) in layout["blocks"].items())
+    raw = config.to_dict()
+    layout = config.model.layout
+    blocks = ", ".join(f"{name} [{a}, {b})" for name, a, b in layout.blocks)
     print(f"checkpoint {args.checkpoint}  (sha256 {digest})")
-    for key, value in config.items():
+    for key, value in raw["model"].items():
         if key != "layout":
-            print(f"  {key:16s} {json.dumps(value)}")
-    print(f"  {'layout':16s} {blocks}; readout {'-' if layout['readout_sign'] < 0 else ''}{layout['readout_block']} of the last column")
+            print(f"  {'model.' + key:20s} {json.dumps(value)}")
+    for key, value in raw.items():
+        if key != "model":
+            print(f"  {key:20s} {json.dumps(value)}")
+    print(f"  {'model.layout':20s} {blocks}; readout {'-' if layout.readout_sign < 0 else ''}{layout.readout_block} "
+          "of the last column")
     width = max(len(n) for n in params)
     print(f"\n  {'parameter':{width}s}  {'shape':>9s}  {'dtype':7s}  {'||.||_F':>10s}  {'max|.|':>10s}  nonzeros")
     for name, p in params.items():

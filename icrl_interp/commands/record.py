@@ -7,7 +7,7 @@ import argparse
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="checkpoint directory (model.safetensors + config.json)")
     p.add_argument("--out", required=True, help="output HDF5 file (written as OUT.partial, moved into place when complete)")
-    p.add_argument("--probe", help="probe spec TOML (default: the family's spec in probes/)")
+    p.add_argument("--probe", help="probe spec TOML (default: the model family's spec in probes/)")
     p.add_argument("--tasks", type=int, default=512, help="number of prompts (one task each) to record")
     p.add_argument("--batch-size", type=int, default=128, help="prompts per forward pass")
     p.add_argument("--seed", type=int, default=0, help="seed of the task sampler")
@@ -21,7 +21,7 @@ def run(args) -> int:
 
     config, _ = checkpoint.read(args.checkpoint)
     model = checkpoint.load(args.checkpoint)
-    spec = probe_spec.load_spec(args.probe) if args.probe else probe_spec.shipped_spec(config["family"])
+    spec = probe_spec.load_spec(args.probe) if args.probe else probe_spec.shipped_spec(config.family)
     if args.prompts:
         source = recorder.load_prompt_file(args.prompts, config, model.layout)
     else:

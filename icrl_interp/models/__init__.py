@@ -1,4 +1,4 @@
-"""Hooked models of the three constructions, and their theta*.
+"""Hooked models of the registered architectures, and theta* models of the families.
 
 `ModelConfig` is light (no torch); everything else is imported on first use, so
 `import icrl_interp.models` never pulls in torch or transformer_lens by itself.
@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import importlib
 
-from .config import ACTIVATIONS, DTYPES, SOFTMAX_FORMS, ModelConfig
+from .config import DTYPES, CheckpointConfig, ModelConfig
 
 _LAZY = {
     "build_model": ".build",
     "empty_model": ".build",
     "MODEL_CLASSES": ".build",
     "theta_star_model": ".theta",
-    "register_theta_star": ".theta",
+    "register_model_class": ".build",
     "ICRLModel": ".base",
     "LinearTDModel": ".linear_td",
     "SoftmaxTDModel": ".softmax_td",
@@ -22,7 +22,7 @@ _LAZY = {
     "associative_is_cheaper": ".linear_attention",
 }
 
-__all__ = ["ModelConfig", "ACTIVATIONS", "DTYPES", "SOFTMAX_FORMS", *_LAZY]
+__all__ = ["ModelConfig", "CheckpointConfig", "DTYPES", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -7,28 +7,21 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
-from .. import layouts
+from .. import layouts, registry
+from ..sampling import PromptBatch, TaskSpec
 from ..errors import UserError
 
 DTYPES = ("float32", "float64")
-SOFTMAX_FORMS = ("dual", "tsm")
-# Elementwise activations of Wang et al.'s nonlinear variant, applied to the kernel Z^T Q Z
-# (their `experiment/activation.py`; softmax is left out because it is not elementwise).
-ACTIVATIONS = ("relu", "tanh", "leaky_relu", "elu", "selu")
-LSA_FAMILIES = ("sarsa", "actor-critic")
-
-# Per-layer parameter names of each family, in paper notation (matrices act on d_model).
-_BASE_NAMES = {"linear-td": ("P", "Q"), "softmax-td": ("A", "V"), "sarsa": ("P", "V"), "actor-critic": ("P", "V")}
 
 
 @dataclass
 class ModelConfig:
-    """Everything needed to build a model of one of the three constructions."""
+    """Everything needed to build a model of a registered family (see `icrl_interp.registry`)."""
 
     family: str
-    """'linear-td' (Wang), 'softmax-td' (Xie), 'sarsa' or 'actor-critic' (Liang-Lai LSA)."""
+    """Registered family whose layout and architecture the model has ('linear-td', 'softmax-td', ...)."""
     d: int
     """Feature dimension (state features for the TD families, state-action features for LSA)."""
     n_layers: int = 1
@@ -40,17 +33,17 @@ class ModelConfig:
     tied: bool = True
     """One set of weights reused by every layer (only blocks.0.* parameters exist)."""
     form: str | None = None
-    """Softmax only: 'tsm' (single head + temporal shift module, default) or 'dual' (two heads)."""
+    """Architectures with forms only (softmax: 'tsm', the default, or 'dual')."""
     m: int | None = None
-    """Policy-parameter dimension (actor-critic only)."""
+    """Policy-parameter dimension (families whose layout needs it: actor-critic)."""
     activation: str | None = None
-    """Linear-td only: elementwise activation on the kernel Z^T Q Z (None = linear attention)."""
+    """Architectures with activations only (linear attention): elementwise activation on the kernel Z^T Q Z."""
     dtype: str = "float32"
     """'float32' or 'float64' (parameters and computation)."""
 
     def __post_init__(self):
-        if self.family not in layouts.FAMILIES:
-            raise UserError(f"unknown family {self.family!r} (known: {', '.join(layouts.FAMILIES)})")
+        family = registry.get(self.family)
+        arch = registry.architecture(family.architecture)
         self.d = _positive_int("d", self.d)
         self.n_layers = _positive_int("n_layers", self.n_layers)
         self.gamma = float(self.gamma)
@@ -61,28 +54,34 @@ class ModelConfig:
             raise UserError(f"alpha must be finite, got {self.alpha}")
         if not isinstance(self.tied, bool):
             raise UserError(f"tied must be true or false, got {self.tied!r}")
-        if self.family == "softmax-td":
-            self.form = "tsm" if self.form is None else self.form
-            if self.form not in SOFTMAX_FORMS:
-                raise UserError(f"unknown softmax form {self.form!r} (use 'tsm' or 'dual')")
+        if arch.forms:
+            self.form = arch.forms[0] if self.form is None else self.form
+            if self.form not in arch.forms:
+                raise UserError(f"unknown {arch.name} form {self.form!r} (use {' or '.join(map(repr, arch.forms))})")
         else:
-            self.form = None  # the form only distinguishes softmax models
-        if self.family == "actor-critic":
+            self.form = None  # only architectures with variants have a form
+        if family.needs_m:
             self.m = _positive_int("m", self.m)
         elif self.m is not None:
-            raise UserError(f"m (policy dimension) is only used by actor-critic, not {self.family}")
+            users = ", ".join(registry.where(lambda f: f.needs_m))
+            raise UserError(f"m (policy dimension) is not used by {self.family} (only by: {users})")
         if self.activation is not None:
-            if self.family != "linear-td":
-                raise UserError(f"an activation is only supported for linear-td, not {self.family}")
-            if self.activation not in ACTIVATIONS:
-                raise UserError(f"unknown activation {self.activation!r} (known: {', '.join(ACTIVATIONS)})")
+            if not arch.activations:
+                raise UserError(f"an activation is not supported by {self.family} ({arch.name} attention)")
+            if self.activation not in arch.activations:
+                raise UserError(f"unknown activation {self.activation!r} (known: {', '.join(arch.activations)})")
         if self.dtype not in DTYPES:
             raise UserError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
 
     @property
+    def architecture(self) -> str:
+        """The model architecture (registry.ARCHITECTURES key) of the family."""
+        return registry.get(self.family).architecture
+
+    @property
     def layout(self) -> layouts.PromptLayout:
         """The family's prompt layout (row blocks of d_model)."""
-        return layouts.layout_for(self.family, self.d, self.m)
+        return registry.get(self.family).layout(self.d, self.m)
 
     @property
     def D(self) -> int:
@@ -91,8 +90,7 @@ class ModelConfig:
 
     def parameter_names(self) -> tuple[str, ...]:
         """Per-layer parameter names (without the blocks.{l}.attn. prefix)."""
-        extra = ("V_target",) if self.form == "dual" else ()
-        return _BASE_NAMES[self.family] + extra
+        return registry.architecture(self.architecture).parameter_names(self.form)
 
     def stored_layers(self) -> range:
         """Layers that own parameters: only layer 0 when tied."""
@@ -106,6 +104,7 @@ class ModelConfig:
     def to_dict(self) -> dict:
         """The model fields of config.json (plus the derived D and layout)."""
         out = asdict(self)
+        out["architecture"] = self.architecture
         out["D"] = self.D
         out["layout"] = self.layout.to_dict()
         return out
@@ -136,6 +135,9 @@ class ModelConfig:
                     raise UserError(f"config field {key!r} must be a number, got {kw[key]!r}")
                 kw[key] = float(kw[key])
         config = cls(**kw)
+        if data.get("architecture") is not None and data["architecture"] != config.architecture:
+            raise UserError(f"config says architecture {data['architecture']!r}, but family {config.family} "
+                            f"is built on {config.architecture!r}")
         if "D" in data and data["D"] != config.D:
             raise UserError(f"config says D = {data['D']!r}, but family {config.family} with d = {config.d} has D = {config.D}")
         if "layout" in data and data["layout"] != config.layout.to_dict():
@@ -148,3 +150,165 @@ def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise UserError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+# --------------------------------------------------------- checkpoint config
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
+_V1_META = ("n", "task", "origin", "seed", "package_version", "format_version")
+_V2_KEYS = ("format_version", "model", "task", "origin", "training", "seed", "package_version")
+
+
+@dataclass
+class CheckpointConfig:
+    """A checkpoint's config.json, parsed and validated once (format 2; format 1 is read too).
+
+    The model (architecture, layout, dimensions) and the task its prompts come from are separate:
+    `task.family` names the family whose prompts, labels and reference algorithm the checkpoint is
+    recorded and judged on; for the checkpoints this package writes it equals `model.family`.
+    """
+
+    model: ModelConfig
+    """The model: family, architecture, dimensions, dtype (and the derived layout)."""
+    task: TaskSpec
+    """The task distribution prompts are drawn from (its family's layout and reference)."""
+    origin: dict = field(default_factory=lambda: {"kind": "unknown"})
+    """How the weights were made: {"kind": "theta_star" | "random_init" | "trained" | ..., constants...}."""
+    training: dict | None = None
+    """The training config of a trained checkpoint (None otherwise)."""
+    seed: int | None = None
+    """Seed recorded for task sampling downstream."""
+    package_version: str | None = None
+    """icrl_interp version that wrote the file."""
+    extra: dict = field(default_factory=dict)
+    """Any other top-level keys, kept verbatim."""
+
+    def __post_init__(self):
+        if not isinstance(self.origin, dict) or not isinstance(self.origin.get("kind"), str):
+            raise UserError(f"config.json origin must be an object with a string 'kind', got {self.origin!r}")
+        if self.training is not None and not isinstance(self.training, dict):
+            raise UserError(f"config.json training must be an object or null, got {self.training!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
+            raise UserError(f"config.json seed must be an integer or null, got {self.seed!r}")
+        registry.get(self.task.family)  # the task's family must be known too
+
+    @property
+    def family(self) -> str:
+        """The model's family (its construction, layout and architecture)."""
+        return self.model.family
+
+    @property
+    def constants(self) -> dict:
+        """The family's theta* / reference constants (e.g. score_scale, the critic step beta)."""
+        return registry.get(self.model.family).constants_of(self)
+
+    @property
+    def n(self) -> int:
+        """Context length of the task."""
+        return self.task.n
+
+    def sample(self, batch: int, rng) -> "PromptBatch":
+        """`batch` tasks of the task distribution: prompts of the task's family, task data, and its
+        reference algorithm at this checkpoint's constants (the family's `sample`)."""
+        import numpy as np
+
+        rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        return registry.get(self.task.family).sample(self, self.task, int(batch), rng)
+
+    def reference(self, z) -> dict:
+        """The task family's reference algorithm on prompts `z` (e.g. a user's prompt file)."""
+        return registry.get(self.task.family).reference(z, self.model, self.constants)
+
+    def theta_star(self, names=None) -> dict:
+        """theta* of the model's family for every stored layer, at the checkpoint's constants and steps
+        (per-layer steps from origin.alphas) with gauge constants at their defaults; restricted to
+        `names` when given. Empty when the family has no construction."""
+        family = registry.get(self.model.family)
+        if family.theta_star is None:
+            return {}
+        k = {**self.constants, **{g: family.constants[g] for g in family.gauge}}
+        layers = self.model.stored_layers()
+        alphas = self.origin.get("alphas")
+        if not (isinstance(alphas, list) and len(alphas) == len(layers)):
+            alphas = [self.model.alpha] * len(layers)
+        out = {}
+        for layer in layers:
+            for name, matrix in family.theta_star(self.model, float(alphas[layer]), k).items():
+                out[f"blocks.{layer}.attn.{name}"] = matrix
+        return out if names is None else {n: out[n] for n in names if n in out}
+
+    def to_dict(self) -> dict:
+        """The format-2 config.json object."""
+        out = {"format_version": FORMAT_VERSION, "model": self.model.to_dict(), "task": self.task.to_dict(),
+               "origin": self.origin, "training": self.training, "seed": self.seed,
+               "package_version": self.package_version}
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
+    @classmethod
+    def from_dict(cls, data) -> "CheckpointConfig":
+        """Parse a config.json object of format 1 (flat) or 2 (model / task / origin / training)."""
+        if not isinstance(data, dict):
+            raise UserError(f"config.json must hold a JSON object, got {type(data).__name__}")
+        version = data.get("format_version")
+        if version is None:
+            raise UserError("config.json has no format_version (is this an icrl_interp checkpoint?)")
+        if isinstance(version, bool) or not isinstance(version, int) or version not in SUPPORTED_VERSIONS:
+            from .._version import __version__
+
+            raise UserError(f"unsupported checkpoint format_version {version!r} (this icrl_interp {__version__} reads "
+                            f"{', '.join(map(str, SUPPORTED_VERSIONS))})")
+        if version == 1:
+            data = _upgrade_v1(data)
+        missing = [k for k in ("model", "task", "origin") if k not in data]
+        if missing:
+            raise UserError(f"config.json is missing {', '.join(missing)}")
+        if not isinstance(data["model"], dict):
+            raise UserError(f"config.json model must be an object, got {data['model']!r}")
+        model_missing = [k for k in ("family", "d", "n_layers", "gamma", "alpha", "tied", "dtype") if k not in data["model"]]
+        if model_missing:
+            raise UserError(f"config.json model is missing {', '.join(model_missing)}")
+        model = ModelConfig.from_dict(data["model"])
+        family = registry.get(model.family)
+        task = TaskSpec.from_dict(data["task"], model.family, family.task_kind)
+        check_meta(data)
+        return cls(model=model, task=task, origin=data["origin"], training=data.get("training"),
+                   seed=data.get("seed"), package_version=data.get("package_version"),
+                   extra={k: v for k, v in data.items() if k not in _V2_KEYS})
+
+
+def check_meta(data: dict) -> None:
+    """origin / training / seed of a config.json object, checked before they reach a typed field."""
+    origin, training, seed = data.get("origin"), data.get("training"), data.get("seed")
+    if not isinstance(origin, dict) or not isinstance(origin.get("kind"), str):
+        raise UserError(f"config.json origin must be an object with a string 'kind', got {origin!r}")
+    if training is not None and not isinstance(training, dict):
+        raise UserError(f"config.json training must be an object or null, got {training!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise UserError(f"config.json seed must be an integer or null, got {seed!r}")
+    version = data.get("package_version")
+    if version is not None and not isinstance(version, str):
+        raise UserError(f"config.json package_version must be a string or null, got {version!r}")
+
+
+def _upgrade_v1(data: dict) -> dict:
+    """A format-1 (flat) config.json as a format-2 object: model fields, task (with the top-level n), rest."""
+    missing = [k for k in ("family", "d", "n_layers", "D", "gamma", "alpha", "tied", "dtype", "layout", "origin")
+               if k not in data]
+    if missing:
+        raise UserError(f"config.json is missing {', '.join(missing)}")
+    model_keys = set(ModelConfig.field_names()) | {"D", "layout"}
+    task = data.get("task")
+    if task is not None and not isinstance(task, dict):
+        raise UserError(f"config.json task must be an object or null, got {task!r}")
+    n = data.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1):
+        raise UserError(f"config.json n must be a positive integer or null, got {n!r}")
+    task = dict(task or {})
+    if n is not None:
+        task.setdefault("n", int(n))
+    out = {"format_version": FORMAT_VERSION, "model": {k: data[k] for k in model_keys if k in data}, "task": task,
+           "origin": data["origin"], "training": data.get("training"), "seed": data.get("seed"),
+           "package_version": data.get("package_version")}
+    out.update({k: v for k, v in data.items() if k not in model_keys and k not in _V1_META and k != "training"})
+    return out

@@ -2,7 +2,7 @@
 
 Value map V, kernel P; the readout is the parameter block of the last column. The
 layer only needs a layout, so the same class serves SARSA (D = 3d + 2) and the
-actor-critic variant (layouts.actor_critic_layout(d, m), D = 3d + 2m + 2).
+actor-critic variant (families.actor_critic.layout(d, m), D = 3d + 2m + 2).
 """
 from __future__ import annotations
 

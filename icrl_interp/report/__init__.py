@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import check
-from .batch import DEFAULT_ANALYZER, ReportInput, Result, collect_inputs, run_batch, write_atomic, write_summaries
+from ..files import write_atomic
+from .batch import DEFAULT_ANALYZER, ReportInput, Result, collect_inputs, run_batch, write_summaries
 from .control_eval import ControlSettings
 
 
@@ -38,7 +39,7 @@ class ReportConfig:
     """Options of `build_report` (the CLI flags)."""
 
     workers: int = 1
-    """Parallel analysis processes (1 = in this process)."""
+    """Parallel analysis processes (1 = in this process; the CLI's default is min(4, CPUs))."""
     analyzer: str = DEFAULT_ANALYZER
     """'module:function' taking a path and returning an icrl_interp.analysis/1 dict."""
     use_cache: bool = True
@@ -54,7 +55,8 @@ class ReportConfig:
     progress: bool = True
     """Show tqdm progress bars on stderr."""
     control_mdps: int = ControlSettings.mdps
-    """Held-out MDPs of the in-context control evaluation of sarsa / actor-critic checkpoints; 0 disables it."""
+    """Held-out MDPs of the in-context control evaluation of checkpoints of control families (sarsa,
+    actor-critic); 0 disables it."""
     control_steps: int = ControlSettings.iterations
     """Closed-loop updates per MDP of that evaluation."""
 

@@ -21,24 +21,22 @@ import json
 import math
 import multiprocessing
 import os
-import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
 
 from .._version import __version__
-from ..errors import UserError
+from ..analyzers import inputs
+from ..errors import UserError, one_line
+from ..files import write_atomic
 from .control_eval import CURVE_KEY, ControlSettings, wants_control
 
 ANALYSIS_SCHEMA = "icrl_interp.analysis/1"
 SUMMARY_SCHEMA = "icrl_interp.report/1"
 CACHE_SCHEMA = "icrl_interp.report-cache/1"
 DEFAULT_ANALYZER = "icrl_interp.analyzers.analyze:analyze"
-RECORDING_SUFFIXES = (".h5", ".hdf5")
 META_COLUMNS = ("input", "kind", "status", "error", "sha256", "family", "source", "run_id", "step", "seed",
                 "gamma", "context_length")
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 # ------------------------------------------------------------------ inputs
@@ -88,10 +86,6 @@ class Result:
         return str(src) if src else ""
 
 
-def is_checkpoint_dir(path: Path) -> bool:
-    return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
-
-
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
@@ -101,10 +95,13 @@ def _read_json(path: Path) -> dict:
 
 
 def _origin_meta(config: dict) -> dict:
-    """family / run_id / step / seed / source from a checkpoint's config.json (missing keys skipped)."""
+    """family / run_id / step / seed / source from a checkpoint's config.json, format 1 (flat) or 2
+    (model / task / origin), read leniently: missing or odd keys are skipped (the analysis of the
+    input reports what is wrong with it)."""
+    model = config.get("model") if isinstance(config.get("model"), dict) else config
     meta = {}
-    if isinstance(config.get("family"), str):
-        meta["family"] = config["family"]
+    if isinstance(model.get("family"), str):
+        meta["family"] = model["family"]
     if isinstance(config.get("seed"), int):
         meta["seed"] = config["seed"]
     origin = config.get("origin")
@@ -118,10 +115,10 @@ def _origin_meta(config: dict) -> dict:
         if isinstance(origin.get("seed"), int) and "seed" not in meta:
             meta["seed"] = origin["seed"]
     task = config.get("task")
-    n = task.get("n") if isinstance(task, dict) else config.get("n")
+    n = task.get("n") if isinstance(task, dict) and "n" in task else config.get("n")
     if isinstance(n, int) and not isinstance(n, bool):
         meta["context_length"] = n
-    gamma = config.get("gamma")
+    gamma = model.get("gamma")
     if isinstance(gamma, (int, float)) and not isinstance(gamma, bool):
         meta["gamma"] = float(gamma)
     meta["series"] = series_key(config)
@@ -140,7 +137,7 @@ def series_key(config: dict) -> str:
 
 def _checkpoint_input(path: Path) -> ReportInput:
     meta = _origin_meta(_read_json(path / "config.json"))
-    m = _STEP_DIR.match(path.name)
+    m = inputs.STEP_DIR.match(path.name)
     if m and "step" not in meta:
         meta["step"] = int(m.group(1))
     if m and "run_id" not in meta and path.parent.name == "checkpoints":
@@ -172,8 +169,10 @@ def _recording_input(path: Path) -> ReportInput:
             config = attr("checkpoint_config")
             if isinstance(config, dict):
                 meta.update(_origin_meta(config))
-            if isinstance(attr("family"), str):
-                meta["family"] = attr("family")
+            model = attr("model")  # schema 2: the model that produced the recording; schema 1: "family"
+            family = model.get("family") if isinstance(model, dict) else attr("family")
+            if isinstance(family, str):
+                meta["family"] = family
             gamma = attr("gamma")
             if isinstance(gamma, (int, float)) and not isinstance(gamma, bool):
                 meta["gamma"] = float(gamma)
@@ -184,51 +183,16 @@ def _recording_input(path: Path) -> ReportInput:
     return ReportInput(path, "recording", meta)
 
 
-def _scan_dir(root: Path) -> list[ReportInput]:
-    """Checkpoints and recordings anywhere under `root` (a checkpoint directory is not entered).
-
-    A `step_*` directory under `checkpoints/` is taken as a checkpoint even when incomplete, so
-    that a half-written checkpoint shows up as failed instead of silently vanishing.
-    """
-    found: list[ReportInput] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        dirnames.sort()
-        if is_checkpoint_dir(here) or (_STEP_DIR.match(here.name) and here.parent.name == "checkpoints"):
-            found.append(_checkpoint_input(here))
-            dirnames[:] = []
-            continue
-        dirnames[:] = [d for d in dirnames if d != "cache" and not d.startswith(".")]
-        for name in sorted(filenames):
-            if name.endswith(RECORDING_SUFFIXES):
-                found.append(_recording_input(here / name))
-    return found
-
-
 def collect_inputs(paths: list[str | os.PathLike]) -> list[ReportInput]:
-    """Expand the command-line paths into inputs, in order, without duplicates."""
+    """Expand the command-line paths into inputs, in order, without duplicates (`analyzers.inputs.discover`)."""
     out: list[ReportInput] = []
-    seen: set[Path] = set()
-
-    def add(item: ReportInput):
-        if item.path not in seen:
-            seen.add(item.path)
-            out.append(item)
-
-    for raw in paths:
-        path = Path(os.path.abspath(raw))
-        if not path.exists():
-            add(ReportInput(path, "missing", problem="does not exist"))
-        elif path.is_file():
-            add(_recording_input(path))
-        elif is_checkpoint_dir(path) or (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
-            add(_checkpoint_input(path))
-        else:
-            items = _scan_dir(path)
-            if not items:
-                add(ReportInput(path, "missing", problem="holds no checkpoints or recordings"))
-            for item in items:
-                add(item)
+    for f in inputs.discover([os.path.abspath(p) for p in paths]):
+        if f.kind == "missing":
+            out.append(ReportInput(f.path, "missing", problem=f.problem))
+        elif f.kind == "checkpoint":
+            out.append(_checkpoint_input(f.path))
+        else:  # a recording, or a file the analyzer will name the problem of
+            out.append(_recording_input(f.path))
     return out
 
 
@@ -249,22 +213,6 @@ def content_hash(item: ReportInput, chunk: int = 1 << 22) -> str:
             while block := f.read(chunk):
                 h.update(block)
     return h.hexdigest()
-
-
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write to a temporary name in the same directory, then os.replace (never a torn file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _cache_path(cache_dir: Path, sha: str) -> Path:
@@ -333,12 +281,6 @@ def resolve_analyzer(ref: str) -> Callable[[str], dict]:
         raise UserError(f"cannot load analyzer {ref!r}: {e}") from None
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    msg = text[0] if text else ""
-    return msg if isinstance(exc, UserError) else f"{type(exc).__name__}: {msg}".rstrip(": ")
-
-
 def analyze_job(analyzer: str, path: str, control: ControlSettings | None = None) -> tuple[str, object]:
     """Worker entry point: ('ok', analysis) or ('failed', one-line reason); never raises.
 
@@ -347,7 +289,7 @@ def analyze_job(analyzer: str, path: str, control: ControlSettings | None = None
     try:
         analysis = normalise_analysis(resolve_analyzer(analyzer)(path))
     except Exception as e:  # noqa: BLE001 - every failure becomes a failed row, the batch goes on
-        return "failed", _one_line(e)
+        return "failed", one_line(e)
     if control is not None:
         from .control_eval import evaluate
 
@@ -430,7 +372,7 @@ def run_batch(
                     try:
                         finish(futures[fut], *fut.result())
                     except Exception as e:  # a worker died (out of memory, killed): that input failed
-                        finish(futures[fut], "failed", f"analysis process died: {_one_line(e)}")
+                        finish(futures[fut], "failed", f"analysis process died: {one_line(e)}")
                     bar.update()
     return results
 

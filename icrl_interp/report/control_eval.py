@@ -1,5 +1,5 @@
 """In-context control inside the report: a small closed-loop evaluation (`icrl_interp.control`)
-of every sarsa / actor-critic checkpoint, stored under the analysis' `control` key.
+of every checkpoint of a family with a control rule (sarsa, actor-critic, ...), stored under the analysis' `control` key.
 
 It runs in the same worker job as the input's analysis and is cached with it; the settings are
 part of the cache entry, so changing them re-runs it. The seed is fixed, so a re-run reproduces
@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-FAMILIES = ("sarsa", "actor-critic")
-"""Families with an in-context control algorithm (mirrors icrl_interp.control.FAMILIES, which we
-do not import here: the batch decides per input and must stay light)."""
+from .. import registry
+from ..errors import one_line
+
 SCHEMA = "icrl_interp.report-control/1"
 MAX_CURVE_POINTS = 100
 CURVE_KEY = "control.curves"
@@ -45,7 +45,8 @@ class ControlSettings:
 
 def wants_control(kind: str, family) -> bool:
     """Checkpoints of a control family; recordings hold no weights to run in closed loop."""
-    return kind == "checkpoint" and family in FAMILIES
+    found = registry.find(family)
+    return kind == "checkpoint" and found is not None and found.control is not None
 
 
 def subsample(n_points: int, max_points: int = MAX_CURVE_POINTS) -> np.ndarray:
@@ -92,7 +93,6 @@ def compact(result: dict) -> dict:
 def evaluate(path: str, settings: ControlSettings) -> dict:
     """The `control` section for one checkpoint; never raises (the reason goes to `error`)."""
     from .. import control
-    from .batch import _one_line
 
     try:
         cfg = control.ControlConfig(mdps=settings.mdps, iterations=settings.iterations, seed=settings.seed)
@@ -102,6 +102,6 @@ def evaluate(path: str, settings: ControlSettings) -> dict:
             return compact(control.run_checkpoint(path, cfg, progress=False, threads=1))
     except Exception as e:  # noqa: BLE001 - a failed control run is a field of the analysis, not a failed input
         prefix = f"{path}: "
-        msg = _one_line(e)
+        msg = one_line(e)
         return {"error": msg[len(prefix):] if msg.startswith(prefix) else msg,
                 "settings": {"mdps": settings.mdps, "iterations": settings.iterations, "seed": settings.seed}}

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from .. import registry
+from ..files import atomic_path
 from .batch import Result
 from .fields import control_of, get, is_theta_star, kernel_mins, kernel_of, label_of, last_layer, layer_values, layers_of, max_rel_err, num, representatives
 
@@ -66,16 +67,10 @@ def _save(fig: Figure, out_dir: Path, key: str, svg: bool) -> list[str]:
     files = []
     for ext in ("png", "svg") if svg else ("png",):
         target = out_dir / f"{key}.{ext}"
-        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=f".{ext}", dir=out_dir)
-        os.close(fd)
-        try:
+        with atomic_path(target, suffix=f".{ext}") as tmp:
             # no date/software metadata, so the same inputs give the same bytes
             meta = {"Software": None} if ext == "png" else {"Date": None, "Creator": None}
             fig.savefig(tmp, format=ext, dpi=100, metadata=meta)
-            os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         files.append(f"{out_dir.name}/{target.name}")
     return files
 
@@ -270,10 +265,9 @@ def _positive(xs, ys):
 
 
 def value_error_label(family: str) -> str:
-    """What `value_error` measures for a family (the analyzer's definition)."""
-    if family in ("sarsa", "actor-critic"):
-        return "distance to the teacher update ‖TF(H) − w_SARSA‖"
-    return "value error ‖v_l − v_π‖_∞ (reward units)"
+    """What `value_error` measures for a family (its registry hint; the value error for unknown ones)."""
+    found = registry.find(family)
+    return (found.hints if found is not None else registry.Hints(output="query")).value_error_label
 
 
 def value_error_depth_figure(family: str, results: list[Result]) -> Figure | None:

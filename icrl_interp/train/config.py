@@ -1,8 +1,10 @@
-"""Training configurations: one @dataclass per model family, with the papers' defaults.
+"""Training configurations: the fields every family shares, and configs by family name.
 
-A config is plain data (JSON round trip through `to_dict` / `config_from_dict`);
-the trainer stores it as `config.json` in the run directory, so a run can be
-re-made or resumed from that file alone.
+Each family's torch half (`registry.Family.training`) subclasses `TrainConfig` with its own fields
+and the papers' defaults (e.g. `families.sarsa_training.SarsaTrainConfig`). A config is plain data
+(JSON round trip through `to_dict` / `config_from_dict`); the trainer stores it as `config.json` in
+the run directory, so a run can be re-made or resumed from that file alone. This module is light
+(no torch); `config_for` imports the family's torch half.
 """
 from __future__ import annotations
 
@@ -10,8 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..errors import UserError, check
-
-TRAIN_FAMILIES = ("linear-td", "softmax-td", "sarsa", "actor-critic")
+from .recipe import recipe, training_families
 
 
 @dataclass
@@ -19,7 +20,7 @@ class TrainConfig:
     """Fields shared by every family (the optimizer, schedule, run bookkeeping)."""
 
     family: str = ""
-    """Model family: 'linear-td', 'softmax-td' or 'sarsa'."""
+    """Registered family with a training recipe (`icrl_interp.registry`); set by each family's subclass."""
     steps: int = 1000
     """Number of optimizer (Adam) steps."""
     seed: int = 0
@@ -44,7 +45,8 @@ class TrainConfig:
     """Held-out tasks for the final evaluation (drawn from a seed disjoint from training)."""
 
     def validate(self) -> "TrainConfig":
-        check(self.family in TRAIN_FAMILIES, f"unknown training family {self.family!r} (known: {', '.join(TRAIN_FAMILIES)})")
+        known = training_families()
+        check(self.family in known, f"unknown training family {self.family!r} (known: {', '.join(known)})")
         for name in ("steps", "lr_decay_every", "checkpoint_every", "log_every", "eval_tasks"):
             check(int(getattr(self, name)) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
         check(self.lr > 0, f"lr must be positive, got {self.lr}")
@@ -63,181 +65,20 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-@dataclass
-class LinearTDTrainConfig(TrainConfig):
-    """Wang et al. (c): linear-attention TD transformer on randomized Boyan chains.
-
-    One optimizer step draws `tasks_per_step` chains, `trajectories_per_task` fresh
-    trajectories of each, and slides the (n+1)-column window `windows` times along
-    each trajectory; (c) uses one task and one trajectory per step (64 windows, 5
-    steps per task, 4000 tasks, lr 1e-3), we batch many tasks per step.
-    """
-
-    family: str = "linear-td"
-    d: int = 4
-    """Feature dimension (features U(-1, 1)^{states x d}, fresh per task)."""
-    n_states: int = 10
-    """Boyan chain size."""
-    n: int = 30
-    """Context length (transition columns per prompt)."""
-    n_layers: int = 3
-    """Transformer depth L."""
-    gamma: float = 0.9
-    """Discount factor."""
-    tied: bool = True
-    """Share (P, Q) across layers ((c)'s 'auto' mode)."""
-    windows: int = 64
-    """TD errors per trajectory: windows t = 0..windows (the last one only provides a target)."""
-    trajectories_per_task: int = 5
-    """Independent trajectories (optimizer 'batches' in (c)) per task."""
-    tasks_per_step: int = 16
-    """Tasks per optimizer step (all their windows in one forward pass)."""
-    objective: str = "mstde"
-    """'mstde' (semi-gradient squared TD error over sliding windows, (c)) or 'msve' (squared error to true values)."""
-    steps: int = 250
-    lr: float = 1e-2
-    weight_decay: float = 1e-6
-    checkpoint_every: int = 25
-
-    def validate(self) -> "LinearTDTrainConfig":
-        super().validate()
-        check(self.objective in ("mstde", "msve"), f"linear-td objective must be 'mstde' or 'msve', got {self.objective!r}")
-        for name in ("d", "n", "n_layers", "windows", "trajectories_per_task", "tasks_per_step"):
-            check(int(getattr(self, name)) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
-        check(self.n_states >= 3, f"a Boyan chain needs at least 3 states, got n_states={self.n_states}")
-        return self
-
-
-@dataclass
-class SoftmaxTDTrainConfig(TrainConfig):
-    """Xie et al. (a): softmax ICTD transformer on randomized Boyan chains with one-hot x beta features.
-
-    The trainable parameters are the full (A_l, V_l) unless `masks` is set, in which
-    case only the paper's sparsity pattern trains (A's x-x block and V's value row
-    over (R, target, current)); everything outside the mask is zero and stays so.
-    """
-
-    family: str = "softmax-td"
-    n_states: int = 5
-    """Boyan chain size; d = n_states with one-hot features."""
-    beta: float = 1.0
-    """Feature scale: x(s) = beta e_s (the kernel sharpness is beta^2 times A's scale)."""
-    n: int = 40
-    """Context length (columns 1..n hold S_{k-1}, R_k; column n+1 is the query)."""
-    n_layers: int = 6
-    """Transformer depth L."""
-    gamma: float = 0.9
-    """Discount factor."""
-    tied: bool = True
-    """One (A, V) shared by all layers."""
-    form: str = "tsm"
-    """'tsm' (single head + temporal shift module) or 'dual' (two heads)."""
-    objective: str = "neu"
-    """'neu' (norm of the expected update, project definition) or 'td' (semi-gradient expected TD error)."""
-    masks: bool = True
-    """Train only inside the paper's fixed sparsity masks (App. F.2)."""
-    batch: int = 64
-    """Tasks per optimizer step."""
-    steps: int = 1000
-    lr: float = 1e-2
-
-    def validate(self) -> "SoftmaxTDTrainConfig":
-        super().validate()
-        check(self.objective in ("neu", "td"), f"softmax-td objective must be 'neu' or 'td', got {self.objective!r}")
-        check(self.form in ("tsm", "dual"), f"form must be 'tsm' or 'dual', got {self.form!r}")
-        for name in ("n", "n_layers", "batch"):
-            check(int(getattr(self, name)) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
-        check(self.n_states >= 3, f"a Boyan chain needs at least 3 states, got n_states={self.n_states}")
-        check(self.beta > 0, f"beta must be positive, got {self.beta}")
-        return self
-
-
-@dataclass
-class SarsaTrainConfig(TrainConfig):
-    """Liang & Lai (b): one LSA layer mimicking the batch SARSA update on random tabular MDPs."""
-
-    family: str = "sarsa"
-    n_states: int = 9
-    """States of each random MDP."""
-    n_actions: int = 4
-    """Actions; d = n_states * n_actions (state-action one-hot features)."""
-    gamma: float = 0.5
-    """Discount factor."""
-    n: int = 64
-    """Context length (transitions per prompt)."""
-    alpha: float = 1.0
-    """Step of the teacher update w_SARSA = w + (alpha/n) sum_i delta_i phi_i."""
-    w_std: float = 0.5
-    """Parameters in the prompt: w ~ N(0, w_std^2 I)."""
-    epsilon: float = 1.0
-    """Behaviour policy: epsilon-greedy on Q_w(s, a) = w . phi(s, a) (1.0 = uniform random)."""
-    concentration: float = 1.0
-    """Dirichlet concentration of the transition rows."""
-    batch: int = 256
-    """MDPs (prompts) per optimizer step."""
-    lazy_ablation: bool = False
-    """Ablation: Xavier-initialise the lazy blocks P22 and V22 too (the paper zero-initialises them)."""
-    span_projection: bool = False
-    """Project each Adam update of P's transition rows and V's transition columns onto the span of the
-    prompts' transition columns (icrl_interp.train.span), so, as under gradient descent, nothing moves along
-    the direction u = [1; -1/gamma 1; 0] that one-hot features never excite (sarsa only)."""
-    steps: int = 3000
-    lr: float = 1e-3
-    lr_decay: float = 0.99
-    lr_decay_every: int = 10
-
-    def validate(self) -> "SarsaTrainConfig":
-        super().validate()
-        for name in ("n_states", "n_actions", "n", "batch"):
-            check(int(getattr(self, name)) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
-        check(self.w_std >= 0, f"w_std must be non-negative, got {self.w_std}")
-        check(0 <= self.epsilon <= 1, f"epsilon must lie in [0, 1], got {self.epsilon}")
-        check(self.concentration > 0, f"concentration must be positive, got {self.concentration}")
-        check(not self.span_projection or self.family == "sarsa", f"span_projection is implemented for sarsa only, not {self.family}")
-        return self
-
-
-@dataclass
-class ActorCriticTrainConfig(SarsaTrainConfig):
-    """Liang & Lai (b), Thm 3.3: one LSA layer mimicking the batch actor-critic step (icrl_interp.actor_critic).
-
-    Prompts carry w ~ N(0, w_std^2 I) and lam ~ N(0, lam_std^2 I); the behaviour policy is pi_lam
-    (tabular softmax, m = d), so `epsilon` is unused. The target is [w'; lam'].
-    """
-
-    family: str = "actor-critic"
-    alpha: float = 1.0
-    """Actor step: lam' = lam + (alpha/n) sum_i gamma^i delta_i g_i."""
-    beta: float = 1.0
-    """Critic step: w' = w + (beta/n) sum_i delta_i phi_i."""
-    lam_std: float = 0.5
-    """Policy parameters in the prompt: lam ~ N(0, lam_std^2 I)."""
-
-    def validate(self) -> "ActorCriticTrainConfig":
-        super().validate()
-        check(self.lam_std >= 0, f"lam_std must be non-negative, got {self.lam_std}")
-        return self
-
-
-CONFIG_CLASSES: dict[str, type[TrainConfig]] = {
-    "linear-td": LinearTDTrainConfig,
-    "softmax-td": SoftmaxTDTrainConfig,
-    "sarsa": SarsaTrainConfig,
-    "actor-critic": ActorCriticTrainConfig,
-}
-
-
 def config_for(family: str, **overrides) -> TrainConfig:
     """The default config of a family with `overrides` applied (unknown keys are an error)."""
-    cls = CONFIG_CLASSES.get(family)
-    if cls is None:
-        raise UserError(f"unknown training family {family!r} (known: {', '.join(TRAIN_FAMILIES)})")
+    cls = recipe(family).config_class
     types = {f.name: f.type for f in dataclasses.fields(cls)}
     unknown = sorted(set(overrides) - set(types))
     check(not unknown, f"unknown {family} training option(s): {', '.join(unknown)}")
     check(overrides.get("family", family) == family, f"config family {overrides.get('family')!r} does not match {family!r}")
     values = {k: _coerce(k, v, types[k]) for k, v in overrides.items() if k != "family"}
     return cls(**values).validate()
+
+
+def config_classes() -> dict[str, type[TrainConfig]]:
+    """{family: its TrainConfig subclass} for every family with a training recipe (imports them all)."""
+    return {family: recipe(family).config_class for family in training_families()}
 
 
 def config_from_dict(data: dict) -> TrainConfig:

@@ -1,4 +1,4 @@
-"""SARSA `span_projection`: keep Adam's updates inside the subspace gradient flow stays in.
+"""`span_projection` of an LSA layer (SARSA): keep Adam's updates inside the subspace gradient flow stays in.
 
 The layer's readout is TF(H) = w + V21 S P12 w~ (+ lazy terms), S = (1/n) sum_i x_i x_i^T, so every
 gradient of P's transition rows and of V's transition columns is a combination of the prompts'
@@ -10,6 +10,7 @@ P12 and V21 drift along it. With `span_projection` each Adam update of P[one, :]
 projected onto the span of the transition columns (estimated once from held-aside prompts of the
 stream [seed, 3], so resumed runs use the same projector): the parameters move only where the loss
 is defined, and the unexcited components keep their init values, as under gradient descent.
+The held-aside prompts come from the config's own training recipe (`Recipe.batch`).
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..analyzers.weights import lsa_blocks
-from . import tasks as T
-from .config import SarsaTrainConfig
+from .config import TrainConfig
+from .recipe import recipe_of
 
 SPAN_STREAM = 3
 SPAN_TASKS = 256
@@ -29,9 +30,9 @@ SPAN_REL_TOL = 1e-9
 """Eigenvalues of the transition columns' second moment below this times the largest span nothing."""
 
 
-def transition_span_projector(cfg: SarsaTrainConfig, layout) -> Float[Tensor, "k k"]:
+def transition_span_projector(cfg: TrainConfig, layout) -> Float[Tensor, "k k"]:
     """Orthogonal projector (float64) onto the span of the transition columns x_i of the task distribution."""
-    batch = T.sample_sarsa(cfg, np.random.default_rng([cfg.seed, SPAN_STREAM]), SPAN_TASKS)
+    batch = recipe_of(cfg).batch(cfg, np.random.default_rng([cfg.seed, SPAN_STREAM]), SPAN_TASKS)
     one, _ = lsa_blocks(layout)
     x = batch.z[:, :-1, one].double().reshape(-1, one.stop)
     evals, evecs = torch.linalg.eigh(x.T @ x / x.shape[0])

@@ -1,7 +1,8 @@
 """The training loop: a seeded, resumable run directory.
 
     RUN_DIR/config.json                    the full TrainConfig (+ run_id)
-    RUN_DIR/metrics.jsonl                  one JSON line per `log_every` steps: step, loss, lr, wall_s (+ family extras)
+    RUN_DIR/metrics.jsonl                  one JSON line per `log_every` steps: step, loss, lr, wall_s (+ the
+                                           recipe's `log_extras`)
     RUN_DIR/checkpoints/step_000100/       a model checkpoint (icrl_interp.checkpoint format) every
                                            `checkpoint_every` steps, plus the resume state:
                                            optimizer.safetensors (Adam moments) and trainer_state.json
@@ -10,13 +11,15 @@
 Determinism: the model init draws from `torch.Generator(seed)`, and the tasks of step t
 from `numpy.random.default_rng([seed, 1, t])`, so a run resumed at step t sees exactly
 the batches an uninterrupted run sees, and the same seed gives identical checkpoints.
+
+Everything family-specific (model config, task stream, loss, init changes, update constraint,
+evaluation) comes from the family's training recipe (`icrl_interp.train.recipe`).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -26,14 +29,12 @@ import numpy as np
 import torch
 
 from ..errors import UserError, check
-from . import evaluate as E
-from . import tasks as T
+from ..files import atomic_dir, write_atomic
 from .config import TrainConfig, config_from_dict
-from .init import adjust_init, lazy_slice
-from .objectives import objective_for
-from .span import project_updates, transition_span_projector
+from .evaluate import EVAL_STREAM, evaluate_run  # noqa: F401  (EVAL_STREAM: re-exported, as before)
+from .recipe import recipe_of
 
-TRAIN_STREAM, EVAL_STREAM = 1, 2
+TRAIN_STREAM = 1
 
 
 def step_rng(seed: int, step: int) -> np.random.Generator:
@@ -42,16 +43,8 @@ def step_rng(seed: int, step: int) -> np.random.Generator:
 
 
 def sample_batch(cfg: TrainConfig, rng: np.random.Generator):
-    """One training batch of the family."""
-    if cfg.family == "linear-td":
-        return T.sample_windows(cfg, rng)
-    if cfg.family == "softmax-td":
-        return T.sample_state_queries(cfg, rng)
-    if cfg.family == "actor-critic":
-        from ..actor_critic import train_batch
-
-        return train_batch(cfg, rng)
-    return T.sample_sarsa(cfg, rng)
+    """One training batch of the family (its recipe's `batch`)."""
+    return recipe_of(cfg).batch(cfg, rng)
 
 
 def run_id(cfg: TrainConfig) -> str:
@@ -63,28 +56,12 @@ def run_id(cfg: TrainConfig) -> str:
 # ---------------------------------------------------------------- models
 def model_config(cfg: TrainConfig):
     """The ModelConfig a training config trains."""
-    from ..models import ModelConfig
-
-    if cfg.family == "linear-td":
-        return ModelConfig(family="linear-td", d=cfg.d, n_layers=cfg.n_layers, gamma=cfg.gamma, tied=cfg.tied, dtype=cfg.dtype)
-    if cfg.family == "softmax-td":
-        return ModelConfig(family="softmax-td", d=cfg.n_states, n_layers=cfg.n_layers, gamma=cfg.gamma, tied=cfg.tied,
-                           form=cfg.form, dtype=cfg.dtype)
-    if cfg.family == "actor-critic":  # tabular softmax policy: m = d
-        d = cfg.n_states * cfg.n_actions
-        return ModelConfig(family="actor-critic", d=d, m=d, n_layers=1, gamma=cfg.gamma, alpha=cfg.alpha, dtype=cfg.dtype)
-    return ModelConfig(family="sarsa", d=cfg.n_states * cfg.n_actions, n_layers=1, gamma=cfg.gamma, alpha=cfg.alpha,
-                       dtype=cfg.dtype)
+    return recipe_of(cfg).model_config(cfg)
 
 
 def task_spec(cfg: TrainConfig) -> dict:
     """The checkpoint's `task` field (the keys of icrl_interp.sampling.TaskSpec)."""
-    if cfg.family == "linear-td":
-        return {"kind": "boyan", "n": cfg.n, "n_states": cfg.n_states, "features": "random", "rewards": "uniform"}
-    if cfg.family == "softmax-td":
-        return {"kind": "boyan", "n": cfg.n, "n_states": cfg.n_states, "features": "onehot", "beta": cfg.beta, "rewards": "uniform"}
-    return {"kind": "mdp", "n": cfg.n, "n_states": cfg.n_states, "n_actions": cfg.n_actions,
-            "concentration": cfg.concentration, "epsilon": cfg.epsilon, "w_scale": cfg.w_std}
+    return recipe_of(cfg).task(cfg)
 
 
 def build(cfg: TrainConfig):
@@ -93,22 +70,16 @@ def build(cfg: TrainConfig):
 
     gen = torch.Generator().manual_seed(cfg.seed)
     model = build_model(model_config(cfg), seed=gen, gain=cfg.init_gain)
-    masks = adjust_init(model, cfg, gen)
+    masks = recipe_of(cfg).adjust_init(model, cfg, gen)
     return model, masks
 
 
 # ------------------------------------------------------------- run files
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _step_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:06d}"
 
 
-def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+def list_checkpoints(run_dir: Path | str) -> list[tuple[int, Path]]:
     """Completed checkpoints of a run (those with a trainer_state.json), by step."""
     root = Path(run_dir) / "checkpoints"
     out = []
@@ -125,11 +96,8 @@ def save_checkpoint(run_dir: Path, model, opt: torch.optim.Optimizer, cfg: Train
     from .. import checkpoint
 
     final = _step_dir(run_dir, step)
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    extras = {"origin": {"kind": "trained", "run_id": rid, "step": step}, "task": task_spec(cfg), "seed": cfg.seed, "n": cfg.n,
+    extras = {"origin": {"kind": "trained", "run_id": rid, "step": step}, "task": task_spec(cfg), "seed": cfg.seed,
               "training": cfg.to_dict()}
-    checkpoint.save(model, extras, tmp)
     names = {id(p): n for n, p in model.named_parameters()}
     tensors, counts = {}, {}
     for group in opt.param_groups:
@@ -139,10 +107,10 @@ def save_checkpoint(run_dir: Path, model, opt: torch.optim.Optimizer, cfg: Train
                 tensors[f"{names[id(p)]}.exp_avg"] = state["exp_avg"].contiguous()
                 tensors[f"{names[id(p)]}.exp_avg_sq"] = state["exp_avg_sq"].contiguous()
                 counts[names[id(p)]] = float(state["step"])
-    save_file(tensors, str(tmp / "optimizer.safetensors"))
-    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "adam_steps": counts, "run_id": rid}, indent=1))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    with atomic_dir(final) as tmp:  # trainer_state.json marks a complete checkpoint: it is written last
+        checkpoint.save(model, extras, tmp, overwrite=True)
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "adam_steps": counts, "run_id": rid}, indent=1))
     return final
 
 
@@ -176,17 +144,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
     if not path.exists():
         return
     keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    _atomic_write(path, "".join(line + "\n" for line in keep))
-
-
-def family_extras(model, cfg: TrainConfig) -> dict:
-    """Cheap per-log-line diagnostics (SARSA: max |lazy block entry|; softmax: value row of layer 0)."""
-    if cfg.family in ("sarsa", "actor-critic"):
-        two = lazy_slice(model.layout)
-        return {"lazy_max_abs": max(float(p.detach()[two, two].abs().max()) for p in model.parameters())}
-    if cfg.family == "softmax-td":
-        return {"value_row": E.value_row(model, 0).tolist()}
-    return {}
+    write_atomic(path, "".join(line + "\n" for line in keep))
 
 
 @dataclass
@@ -226,7 +184,7 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
             raise UserError(f"{cfg_path} is not a training config ({e}); use a fresh --out") from None
         differ = sorted(k for k, v in cfg.to_dict().items() if k != "steps" and old.to_dict().get(k) != v)
         check(not differ, f"{run_dir} holds a run with a different config ({', '.join(differ)}); use a fresh --out")
-    _atomic_write(cfg_path, json.dumps({**cfg.to_dict(), "run_id": rid}, indent=1))
+    write_atomic(cfg_path, json.dumps({**cfg.to_dict(), "run_id": rid}, indent=1))
 
     deterministic, old_threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
     torch.use_deterministic_algorithms(True)
@@ -241,9 +199,10 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
             start = load_resume_state(ckpts[-1][1], model, opt)
         metrics_path = run_dir / "metrics.jsonl"
         _truncate_metrics(metrics_path, start)
-        objective = objective_for(cfg)
+        recipe = recipe_of(cfg)
+        objective = recipe.objective(cfg)
         named = dict(model.named_parameters())
-        span = transition_span_projector(cfg, model.layout) if getattr(cfg, "span_projection", False) else None
+        constrain = recipe.update_constraint(model, cfg) if recipe.update_constraint is not None else None
         end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
         t0 = time.perf_counter()
         bar = tqdm(range(start, end), desc=f"train {cfg.family}", disable=not progress, initial=start, total=cfg.steps)
@@ -252,7 +211,7 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
                 lr = cfg.lr_at(step)
                 for group in opt.param_groups:
                     group["lr"] = lr
-                batch = sample_batch(cfg, step_rng(cfg.seed, step))
+                batch = recipe.batch(cfg, step_rng(cfg.seed, step))
                 opt.zero_grad(set_to_none=True)
                 loss = objective(model, batch)
                 value = loss.item()
@@ -261,23 +220,23 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
                 loss.backward()
                 for name, mask in masks.items():
                     named[name].grad.mul_(mask)
-                before = {k: p.detach().clone() for k, p in named.items()} if span is not None else None
+                before = {k: p.detach().clone() for k, p in named.items()} if constrain is not None else None
                 opt.step()
-                if span is not None:  # see span.py: Adam would drift along directions no prompt excites
-                    project_updates(named, before, span, model.layout)
+                if constrain is not None:  # e.g. span.py: Adam would drift along directions no prompt excites
+                    constrain(named, before)
                 done = step + 1
                 if done % cfg.log_every == 0 or done == cfg.steps:
                     line = {"step": done, "loss": value, "lr": lr, "wall_s": round(time.perf_counter() - t0, 3)}
-                    log.write(json.dumps({**line, **family_extras(model, cfg)}) + "\n")
+                    log.write(json.dumps({**line, **recipe.log_extras(model, cfg)}) + "\n")
                     log.flush()
                     bar.set_postfix(loss=f"{value:.3e}")
                 if done % cfg.checkpoint_every == 0 or done == cfg.steps:
                     save_checkpoint(run_dir, model, opt, cfg, done, rid)
         final = {}
         if evaluate and end == cfg.steps:
-            final = E.evaluate(model, cfg, np.random.default_rng([cfg.seed, EVAL_STREAM]))
+            final = evaluate_run(model, cfg)
             final = {"step": cfg.steps, "run_id": rid, **final}
-            _atomic_write(run_dir / "final_metrics.json", json.dumps(final, indent=1))
+            write_atomic(run_dir / "final_metrics.json", json.dumps(final, indent=1))
         return RunResult(run_dir=run_dir, model=model, final_metrics=final, resumed_from=start)
     finally:
         torch.use_deterministic_algorithms(deterministic)
@@ -292,17 +251,13 @@ def export_final(run_dir, out_dir) -> Path:
     check(bool(ckpts), f"{run_dir} has no checkpoints to export")
     check((run_dir / "final_metrics.json").is_file(), f"{run_dir} has no final_metrics.json (is the run finished?)")
     src = ckpts[-1][1]
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name in ("model.safetensors", "config.json"):
-        shutil.copy2(src / name, tmp / name)
-    shutil.copy2(run_dir / "final_metrics.json", tmp / "final_metrics.json")
     cfg = json.loads((run_dir / "config.json").read_text())
     cfg.pop("run_id", None)
-    (tmp / "train_config.json").write_text(json.dumps(cfg, indent=1) + "\n")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+    with atomic_dir(out_dir) as tmp:
+        for name in ("model.safetensors", "config.json"):
+            shutil.copy2(src / name, tmp / name)
+        shutil.copy2(run_dir / "final_metrics.json", tmp / "final_metrics.json")
+        (tmp / "train_config.json").write_text(json.dumps(cfg, indent=1) + "\n")
     return out_dir
 
 

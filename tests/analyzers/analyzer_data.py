@@ -1,52 +1,69 @@
 """Schema-conforming inputs for the analyzer tests: theta*-exact recordings and checkpoints.
 
-The activations come from small numpy forwards of each family's layer
-(constructions.md), checked against the reference algorithms in
-test_analyzer_fixtures.py, so the analyzers can be tested without torch. The
-files are written with the project's own `RecordingWriter`.
+The activations come from small numpy forwards of each family's layer (docs/concepts.md),
+checked against the reference algorithms in test_analyzer_data.py, so the analyzers can be
+tested without torch. Prompts, task data and the reference come from the family registry's
+sampler; the files are written with the project's own `RecordingWriter` (schema 2) and
+checkpoint writer (format 2).
 """
 from __future__ import annotations
 
-import json
+import copy
 from pathlib import Path
 
 import numpy as np
 
-from icrl_interp import layouts, sampling, theta_star
+from icrl_interp import layouts, registry
+from icrl_interp.models.config import CheckpointConfig, ModelConfig
 from icrl_interp.recording import RecordingWriter
+from icrl_interp.sampling import TaskSpec
 
 CONFIGS = {
-    "linear-td": {"family": "linear-td", "d": 3, "n_layers": 4, "gamma": 0.9, "alpha": 0.5, "tied": True,
-                  "task": {"kind": "boyan", "n": 24, "n_states": 6, "features": "random", "rewards": "representable"}},
-    "softmax-td": {"family": "softmax-td", "d": 5, "n_layers": 6, "gamma": 0.9, "alpha": 1.0, "tied": True,
-                   "form": "tsm", "origin": {"kind": "theta_star", "score_scale": 8.0},
-                   "task": {"kind": "boyan", "n": 30, "n_states": 5, "features": "onehot", "beta": 1.0}},
-    "sarsa": {"family": "sarsa", "d": 6, "n_layers": 1, "gamma": 0.5, "alpha": 1.0, "tied": True,
-              "task": {"kind": "mdp", "n": 20, "n_states": 3, "n_actions": 2}},
+    "linear-td": {"model": {"family": "linear-td", "d": 3, "n_layers": 4, "gamma": 0.9, "alpha": 0.5, "tied": True,
+                            "dtype": "float64"},
+                  "task": {"kind": "boyan", "n": 24, "n_states": 6, "features": "random", "rewards": "representable"},
+                  "origin": {"kind": "theta_star"}},
+    "softmax-td": {"model": {"family": "softmax-td", "d": 5, "n_layers": 6, "gamma": 0.9, "alpha": 1.0, "tied": True,
+                             "form": "tsm", "dtype": "float64"},
+                   "task": {"kind": "boyan", "n": 30, "n_states": 5, "features": "onehot", "beta": 1.0},
+                   "origin": {"kind": "theta_star", "score_scale": 8.0}},
+    "sarsa": {"model": {"family": "sarsa", "d": 6, "n_layers": 1, "gamma": 0.5, "alpha": 1.0, "tied": True,
+                        "dtype": "float64"},
+              "task": {"kind": "mdp", "n": 20, "n_states": 3, "n_actions": 2},
+              "origin": {"kind": "theta_star"}},
 }
 
 
-def config_for(family: str, **over) -> dict:
-    cfg = json.loads(json.dumps(CONFIGS[family]))
-    cfg.update(over)
-    return cfg
+def config_for(family: str, task: dict | None = None, origin: dict | None = None, **model) -> CheckpointConfig:
+    """The test config of a family; keyword arguments override model fields (d, n_layers, ...)."""
+    spec = copy.deepcopy(CONFIGS[family])
+    spec["model"].update(model)
+    spec["task"].update(task or {})
+    return CheckpointConfig(model=ModelConfig(**spec["model"]),
+                            task=TaskSpec.from_dict({"family": family, **spec["task"]}),
+                            origin=origin or spec["origin"])
 
 
-def layout_of(cfg: dict) -> layouts.PromptLayout:
-    return layouts.layout_for(cfg["family"], cfg["d"])
+def layout_of(cfg: CheckpointConfig) -> layouts.PromptLayout:
+    return cfg.model.layout
 
 
-def theta_params(cfg: dict, c: float = 1.0) -> dict[str, np.ndarray]:
-    """theta* under checkpoint names (tied: blocks.0 only)."""
-    fam, d, alpha = cfg["family"], cfg["d"], cfg["alpha"]
-    if fam == "linear-td":
-        m = theta_star.linear_td(d, alpha)
-        return {"blocks.0.attn.P": c * m["P"], "blocks.0.attn.Q": m["Q"] / c}
-    if fam == "softmax-td":
-        m = theta_star.softmax_td(d, alpha, cfg["gamma"], cfg.get("origin", {}).get("score_scale", 1.0))
-        return {"blocks.0.attn.A": m["A"], "blocks.0.attn.V": m["V"]}
-    m = theta_star.sarsa(d, alpha, c)
-    return {"blocks.0.attn.P": m["P"], "blocks.0.attn.V": m["V"]}
+def theta_params(cfg: CheckpointConfig, c: float = 1.0) -> dict[str, np.ndarray]:
+    """theta* under checkpoint names (tied: blocks.0 only), moved along the gauge by c (BlockFit families)."""
+    theta = cfg.theta_star()
+    if c != 1.0:
+        fit = registry.get(cfg.family).hints.weight_fit
+        for name in theta:
+            if name.endswith("." + fit.x[0]):
+                theta[name] = c * theta[name]
+            elif name.endswith("." + fit.y[0]):
+                theta[name] = theta[name] / c
+    return theta
+
+
+def sample(cfg: CheckpointConfig, batch: int, rng):
+    """A registry-sampled prompt batch of the config's task."""
+    return registry.get(cfg.task.family).sample(cfg, cfg.task, batch, np.random.default_rng(rng))
 
 
 # --------------------------------------------------------------- forwards
@@ -91,14 +108,14 @@ def lsa_forward(z, P, V):
     return [(scores[:, None], v[:, :, None], z)]
 
 
-def forward(cfg: dict, z: np.ndarray, params: dict[str, np.ndarray]):
+def forward(cfg: CheckpointConfig, z: np.ndarray, params: dict[str, np.ndarray]):
     lay = layout_of(cfg)
-    fam, L = cfg["family"], cfg["n_layers"]
+    fam, L = cfg.family, cfg.model.n_layers
     p = {k.rsplit(".", 1)[-1]: v for k, v in params.items()}
     if fam == "linear-td":
         return wang_forward(z, p["P"], p["Q"], L)
     if fam == "softmax-td":
-        return softmax_forward(z, p["A"], p["V"], cfg["gamma"], lay, L)
+        return softmax_forward(z, p["A"], p["V"], cfg.model.gamma, lay, L)
     return lsa_forward(z, p["P"], p["V"])
 
 
@@ -106,27 +123,32 @@ SCORE_HOOK = {"linear-td": "attn.hook_pattern", "softmax-td": "attn.hook_pattern
 
 
 # ------------------------------------------------------------- recordings
-def write_recording(path, family: str, n_prompts: int = 96, batch: int = 32, seed: int = 0, cfg: dict | None = None,
-                    params: dict | None = None, theta: dict | None = None, finish: bool = True,
-                    hooks: tuple[str, ...] = ("score", "v", "resid_post"), positions: str = ":",
-                    act_dtype=np.float64, bf16: bool = False, drop: tuple[str, ...] = (), transform=None) -> Path:
-    """A recording of a (theta* by default) model of `family`, schema icrl_interp.recording/1.
+def write_recording(path, family: str, n_prompts: int = 96, batch: int = 32, seed: int = 0,
+                    cfg: CheckpointConfig | None = None, params: dict | None = None, theta: dict | None = None,
+                    finish: bool = True, hooks: tuple[str, ...] = ("score", "v", "resid_post"), positions: str = ":",
+                    act_dtype=np.float64, bf16: bool = False, drop: tuple[str, ...] = (), transform=None,
+                    model: dict | None = None, task_family: str | None = None, score_hook: str | None = None) -> Path:
+    """A recording of a (theta* by default) model of `family`, schema icrl_interp.recording/2.
 
-    `transform(batch_dict)` may edit a batch before it is written (labels, tasks...).
+    `transform(batch_dict)` may edit a batch before it is written (labels, tasks...). `model`
+    replaces the recorded model info (default: the family's model), `task_family` the recorded
+    task family (default: the config's), `score_hook` the name of the score / pattern hook.
     """
     cfg = cfg or config_for(family)
     lay = layout_of(cfg)
     params = theta_params(cfg) if params is None else params
     theta = theta_params(cfg) if theta is None else theta
-    meta = {"family": family, "layout": lay.to_dict(), "probe_spec": "{}", "checkpoint_config": cfg,
-            "checkpoint_sha256": "0" * 64, "n_layers": cfg["n_layers"], "gamma": cfg["gamma"], "seed": seed,
+    model = model or {"family": cfg.family, "architecture": cfg.model.architecture, "class": "numpy-forward"}
+    meta = {"task_family": cfg.task.family if task_family is None else task_family, "model": model,
+            "layout": lay.to_dict(), "probe_spec": "{}", "checkpoint_config": cfg.to_dict(),
+            "checkpoint_sha256": "0" * 64, "n_layers": cfg.model.n_layers, "gamma": cfg.model.gamma, "seed": seed,
             "versions": {}, "created": "2026-01-01T00:00:00+00:00", "task_data": "present"}
     w = RecordingWriter(path, meta)
     w.write_static("params", params)
     w.write_static("theta_star", theta)
     sl = slice(*(int(x) if x else None for x in positions.split(":"))) if positions != ":" else slice(None)
     for i, lo in enumerate(range(0, n_prompts, batch)):
-        pb = sampling.sample_batch(cfg, min(batch, n_prompts - lo), np.random.default_rng([seed, i]))
+        pb = sample(cfg, min(batch, n_prompts - lo), [seed, i])
         z = pb.prompt.z
         data = {"prompts/z": z, "prompts/state": pb.prompt.states, "prompts/action": pb.prompt.actions,
                 "prompts/reward": pb.prompt.rewards}
@@ -134,7 +156,7 @@ def write_recording(path, family: str, n_prompts: int = 96, batch: int = 32, see
         data.update({f"reference/{k}": v for k, v in pb.reference.items()})
         attrs = {}
         for l, (scores, v, resid) in enumerate(forward(cfg, z, params)):
-            acts = {"score": (f"blocks.{l}.{SCORE_HOOK[family]}", scores[:, :, sl]),
+            acts = {"score": (f"blocks.{l}.{score_hook or SCORE_HOOK[family]}", scores[:, :, sl]),
                     "v": (f"blocks.{l}.attn.hook_v", v[:, sl]), "resid_post": (f"blocks.{l}.hook_resid_post", resid[:, sl])}
             for key in hooks:
                 name, arr = acts[key]
@@ -158,14 +180,9 @@ def write_recording(path, family: str, n_prompts: int = 96, batch: int = 32, see
     return w.finish()
 
 
-def write_checkpoint(directory, cfg: dict, params: dict[str, np.ndarray]) -> Path:
+def write_checkpoint(directory, cfg: CheckpointConfig, params: dict[str, np.ndarray]) -> Path:
     """A checkpoint directory written by the project's checkpoint writer (safetensors + JSON)."""
     from icrl_interp import checkpoint
 
-    extras = {k: cfg[k] for k in ("family", "d", "n_layers", "gamma", "alpha", "tied")}
-    if cfg["family"] == "softmax-td":
-        extras["form"] = cfg.get("form", "tsm")
-    extras.update({"dtype": "float64", "task": cfg.get("task"), "origin": cfg.get("origin") or {"kind": "theta_star"},
-                   "seed": 0, "n": (cfg.get("task") or {}).get("n")})
     state = {k: np.ascontiguousarray(v, dtype=np.float64) for k, v in params.items()}
-    return checkpoint.save(state, extras, directory)
+    return checkpoint.save(state, cfg, directory)

@@ -7,6 +7,7 @@ import torch
 
 from icrl_interp import layouts
 from icrl_interp.models import ModelConfig, build_model
+from icrl_interp.families import linear_td
 
 
 def assert_close(actual, expected, tol: float = 1e-10) -> None:
@@ -24,7 +25,7 @@ def td_prompts(batch: int, n: int, d: int, seed: int, gamma: float = 0.9):
     g = np.random.default_rng(seed)
     phi, phi_next = g.uniform(-1, 1, (batch, n, d)), g.uniform(-1, 1, (batch, n, d))
     rewards, phi_q = g.uniform(-1, 1, (batch, n)), g.uniform(-1, 1, (batch, d))
-    z = layouts.td_prompt(phi, phi_next, rewards, phi_q, gamma).z
+    z = linear_td.prompt(phi, phi_next, rewards, phi_q, gamma).z
     return torch.from_numpy(z), phi, phi_next, rewards, phi_q
 
 

@@ -12,7 +12,7 @@ import torch
 from icrl_interp.models import ModelConfig, build_model
 from icrl_interp.models.base import shift_back
 
-from model_cases import assert_close, cache, one_torch_thread, random_model, random_prompt  # noqa: F401
+from .model_cases import assert_close, cache, one_torch_thread, random_model, random_prompt  # noqa: F401
 
 CONFIGS = {
     "linear-tied": dict(family="linear-td", n_layers=2),

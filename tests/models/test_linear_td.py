@@ -12,7 +12,7 @@ from icrl_interp.models import ModelConfig, build_model, theta_star_model
 from icrl_interp.models.linear_attention import associative_is_cheaper
 
 from helpers import plain, raises_user
-from model_cases import assert_close, cache, one_torch_thread, random_model, random_prompt, td_prompts  # noqa: F401
+from .model_cases import assert_close, cache, one_torch_thread, random_model, random_prompt, td_prompts  # noqa: F401
 
 GAMMA = 0.9
 

@@ -9,9 +9,10 @@ import torch
 
 from icrl_interp import layouts, reference
 from icrl_interp.models import ModelConfig, build_model, theta_star_model
+from icrl_interp.families import sarsa
 
 from helpers import mdps, raises_user, random_policy
-from model_cases import assert_close, one_torch_thread, random_model, random_prompt  # noqa: F401
+from .model_cases import assert_close, one_torch_thread, random_model, random_prompt  # noqa: F401
 
 GAMMA = 0.5
 
@@ -21,7 +22,7 @@ def _sarsa_prompts(seed: int, n: int = 40, batch: int = 16):
     g = np.random.default_rng(seed)
     traj = mdp.sample(random_policy(mdp, seed), n, g)
     w = g.normal(0.0, 0.5, (batch, 6))
-    prompt = layouts.sarsa_prompt_from_mdp(mdp, traj, w)
+    prompt = sarsa.prompt_from_mdp(mdp, traj, w)
     lay = prompt.layout
     ctx = prompt.z[:, :-1]
     phi, phi_next = ctx[..., lay.slice("phi")], ctx[..., lay.slice("gamma_phi_next")] / GAMMA
@@ -102,6 +103,6 @@ def test_lazy_blocks_start_at_zero_and_actor_critic_theta_star_registers_itself(
             matrix = getattr(model.blocks[0].attn, name).detach()
             assert not matrix[two, two].any() and matrix.abs().sum() > 0
     assert build_model(ModelConfig("actor-critic", 2, m=3)).layout.names[-1] == "lam"
-    star = theta_star_model("actor-critic", 2, m=3)  # icrl_interp.actor_critic registers on first use
+    star = theta_star_model("actor-critic", 2, m=3)
     two = slice(star.layout.slice("param_one").start, star.config.D)
     assert not star.blocks[0].attn.P.detach()[two, two].any() and star.blocks[0].attn.P.detach().abs().sum() > 0

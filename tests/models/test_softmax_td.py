@@ -9,9 +9,10 @@ import torch
 
 from icrl_interp import layouts, reference
 from icrl_interp.models import ModelConfig, build_model, theta_star_model
+from icrl_interp.families import softmax_td
 
 from helpers import boyan
-from model_cases import assert_close, cache, one_torch_thread, random_model, random_prompt  # noqa: F401
+from .model_cases import assert_close, cache, one_torch_thread, random_model, random_prompt  # noqa: F401
 
 GAMMA = 0.9
 
@@ -19,7 +20,7 @@ GAMMA = 0.9
 def _prompts(features: str, beta: float, seed: int, n: int = 40, batch: int = 12):
     mrp = boyan(batch=batch, n_states=5, d=3, gamma=GAMMA, seed=seed, features=features, beta=beta)
     traj = mrp.sample(n, np.random.default_rng(seed))
-    return layouts.softmax_prompt_from_mrp(mrp, traj)
+    return softmax_td.prompt_from_mrp(mrp, traj)
 
 
 CASES = [("onehot", 1.0, 1.0), ("onehot", 2.0, 1.0), ("onehot", 1.0, 4.0), ("random", 1.0, 1.0), ("random", 1.0, 2.5)]

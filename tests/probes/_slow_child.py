@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from icrl_interp import probe_spec, recorder
+from icrl_interp.models import CheckpointConfig, ModelConfig
+from icrl_interp.sampling import TaskSpec
 
 
 class SlowAttention(nn.Module):
@@ -25,7 +27,8 @@ def main(out, n, resume):
     torch.manual_seed(0)
     model = nn.Sequential(SlowAttention(9), SlowAttention(9)).double()
     spec = probe_spec.parse_spec('[[hooks]]\npattern = "*.soft"\n[[hooks]]\npattern = "*.q"\ndtype = "bfloat16"\n')
-    cfg = {"family": "linear-td", "d": 4, "n_layers": 2, "gamma": 0.9, "alpha": 1.0, "task": {"n": 12}}
+    cfg = CheckpointConfig(model=ModelConfig(family="linear-td", d=4, n_layers=2, gamma=0.9),
+                           task=TaskSpec.from_dict({"n": 12}, "linear-td", "boyan"))
     recorder.record(model, out, spec, recorder.PromptSource(config=cfg, n_total=n, seed=3), batch_size=16,
                     resume=resume, progress=False)
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from icrl_interp import checkpoint, probe_spec, recorder, sampling
+from icrl_interp import checkpoint, probe_spec, recorder, registry
 from icrl_interp.models import theta_star_model
 from icrl_interp.recording import Recording
 
@@ -14,7 +14,7 @@ nnsight = pytest.importorskip("nnsight", reason="nnsight is an optional extra an
 def test_nnsight_trace_equals_recording(tmp_path):
     model = theta_star_model("softmax-td", d=4, n_layers=3)
     config = checkpoint.make_config(model.config, {"task": {"kind": "boyan", "n": 10, "n_states": 4}, "origin": model.origin})
-    z = sampling.sample_batch(config, 6, 0).prompt.z
+    z = registry.get(config.task.family).sample(config, config.task, 6, np.random.default_rng(0)).prompt.z
     np.savez(tmp_path / "p.npz", z=z)
     spec = probe_spec.parse_spec('[[hooks]]\npattern = "blocks.*.attn.hook_pattern"\ndtype = "float64"\n'
                                  '[[hooks]]\npattern = "blocks.*.hook_resid_post"\ndtype = "float64"\n')

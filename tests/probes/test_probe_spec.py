@@ -1,15 +1,38 @@
 import pytest
 
+from icrl_interp import registry
 from icrl_interp.errors import UserError
-from icrl_interp.probe_spec import SHIPPED, load_spec, parse_spec, shipped_spec
+from icrl_interp.probe_spec import SHIPPED, SPEC_DIR, load_spec, parse_spec, shipped_names, shipped_spec, spec_path
 
 NAMES = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern", "blocks.0.hook_resid_post"]
 
 
 def test_shipped_specs_parse():
-    for family in SHIPPED:
-        spec = shipped_spec(family)
+    assert shipped_names() == registry.names() + ["generic"]  # every built-in family names a spec
+    for name in shipped_names():
+        spec = shipped_spec(name)
         assert spec.hooks and spec.name
+        assert spec_path(name).parent == SPEC_DIR
+    assert SHIPPED == {n: spec_path(n).name for n in shipped_names()}
+
+
+def test_the_spec_of_a_family_is_what_its_registration_names(tmp_path):
+    own = tmp_path / "mine.toml"
+    own.write_text('[probe]\nname = "mine"\n[[hooks]]\npattern = "blocks.*.hook_resid_post"\n')
+    base = registry.get("sarsa")
+    for name, spec in (("test-spec-path", str(own)), ("test-spec-file", "linear_td.toml"), ("test-spec-none", None)):
+        registry.register(registry.Family(**{**base.__dict__, "name": name, "probe_spec": spec}))
+    try:
+        assert shipped_spec("test-spec-path").name == "mine"
+        assert shipped_spec("test-spec-file").name == "linear-td"
+        assert "test-spec-none" not in shipped_names()
+        with pytest.raises(UserError, match="names no probe spec"):
+            shipped_spec("test-spec-none")
+    finally:
+        for name in ("test-spec-path", "test-spec-file", "test-spec-none"):
+            registry.unregister(name)
+    with pytest.raises(UserError, match="unknown family"):
+        shipped_spec("no-such-family")
 
 
 def test_glob_resolution_keeps_model_order_and_first_rule():

@@ -11,18 +11,30 @@ import pytest
 import torch
 from torch import nn
 
-from icrl_interp import checkpoint, probe_spec, recorder
+from icrl_interp import checkpoint, probe_spec, recorder, registry
 from icrl_interp.capture import attached_hook_count, capture
 from icrl_interp.errors import UserError
-from icrl_interp.models import theta_star_model
-from icrl_interp.recording import Recording, partial_path
+from icrl_interp.models import CheckpointConfig, ModelConfig, theta_star_model
+from icrl_interp.recording import SCHEMA, Recording, partial_path
+from icrl_interp.sampling import TaskSpec
 
 HERE = Path(__file__).parent
 
 
 def _config(model, n=16):
-    task = {"kind": "mdp", "n": n, "n_states": 3, "n_actions": 2} if model.config.family == "sarsa" else {"kind": "boyan", "n": n, "n_states": 6}
+    kind = registry.get(model.config.family).task_kind
+    task = {"kind": "mdp", "n": n, "n_states": 3, "n_actions": 2} if kind == "mdp" else {"kind": "boyan", "n": n, "n_states": 6}
     return checkpoint.make_config(model.config, {"task": task, "origin": model.origin})
+
+
+def _plain_config(family="linear-td", d=3, n_layers=1, n=4) -> CheckpointConfig:
+    """A checkpoint config to sample prompts from, for models that are not of a family."""
+    return CheckpointConfig(model=ModelConfig(family=family, d=d, n_layers=n_layers, gamma=0.9),
+                            task=TaskSpec.from_dict({"n": n}, family, registry.get(family).task_kind))
+
+
+def _sample(config, n, seed=0):
+    return registry.get(config.task.family).sample(config, config.task, n, np.random.default_rng(seed))
 
 
 def _record(model, path, n_total=40, batch_size=16, spec=None, seed=0, **kw):
@@ -54,7 +66,10 @@ def test_linear_td_recording_matches_reference(tmp_path):
         for k in params:
             np.testing.assert_array_equal(params[k], star[k])
         assert r.attr("versions")["torch"] == torch.__version__
-        assert r.attr("checkpoint_config")["family"] == "linear-td"
+        assert r.attr("checkpoint_config")["model"]["family"] == "linear-td"
+        assert r.attr("checkpoint_config")["format_version"] == 2 and r.checkpoint_config.task.n == 16
+        assert r.schema == SCHEMA and r.task_family == "linear-td"
+        assert r.model_info == {"family": "linear-td", "architecture": "linear-attention", "class": type(model).__name__}
         assert r.attr("seed") == 0
         assert r.shape("blocks.0.attn.hook_pattern") == (40, 1, 17, 17)
 
@@ -112,7 +127,7 @@ def test_raising_hook_or_forward_leaves_no_hooks_and_no_final_file(tmp_path):
 
     bad = Exploding().double()
     spec = probe_spec.parse_spec('[[hooks]]\npattern = "lin"\n')
-    src = recorder.PromptSource(config={"family": "linear-td", "d": 3, "n_layers": 1, "gamma": 0.9, "task": {"n": 4}}, n_total=8)
+    src = recorder.PromptSource(config=_plain_config(d=3, n=4), n_total=8)
     with pytest.raises(Boom):
         recorder.record(bad, tmp_path / "x.h5", spec, src, batch_size=4, progress=False)
     assert attached_hook_count(bad) == 0
@@ -134,13 +149,17 @@ def test_plain_module_and_tuple_outputs(tmp_path):
 
     model = Wrapper()
     spec = probe_spec.parse_spec('[[hooks]]\npattern = "attn#1"\ndtype = "float64"\n[params]\nnames = ["attn.in_proj_weight"]\n')
-    src = recorder.PromptSource(config={"family": "linear-td", "d": 4, "n_layers": 1, "gamma": 0.9, "task": {"n": 8}}, n_total=10)
+    src = recorder.PromptSource(config=_plain_config(d=4, n=8), n_total=10)
     recorder.record(model, tmp_path / "m.h5", spec, src, batch_size=4, progress=False)
     with Recording(tmp_path / "m.h5") as r:
         w = r.read("attn#1")
         z = torch.from_numpy(r.array("/prompts/z"))
         np.testing.assert_allclose(w, mha(z, z, z, need_weights=True)[1].detach().numpy(), atol=1e-12)
         assert r.group("params")["attn.in_proj_weight"].shape == (27, 9)
+        # the prompts are linear-td's; the model is not of a family
+        assert r.task_family == "linear-td" and r.family is None
+        assert r.model_info == {"family": None, "architecture": None, "class": "Wrapper"}
+        assert r.group("theta_star") == {} and r.attr("n_layers") == 0
     with pytest.raises(UserError, match="no hook point 'nope'"):
         with capture(model, ["nope"], lambda n, t: None):
             pass
@@ -191,9 +210,7 @@ def test_position_slice(tmp_path):
 
 def test_user_prompts_npz(tmp_path):
     model = theta_star_model("linear-td", d=3, n_layers=2)
-    from icrl_interp import sampling
-
-    batch = sampling.sample_batch(_config(model), 12, 0)
+    batch = _sample(_config(model), 12)
     np.savez(tmp_path / "ok.npz", z=batch.prompt.z, state=batch.prompt.states)
     src = recorder.load_prompt_file(tmp_path / "ok.npz", _config(model), model.layout)
     recorder.record(model, tmp_path / "u.h5", FLOAT64_SPEC, src, batch_size=5, progress=False)
@@ -261,3 +278,56 @@ def test_sigkill_then_resume_is_identical(tmp_path, trial):
         assert b.attrs["complete"]
         for key in ("acts/0.soft", "acts/1.q", "prompts/z", "reference/td_errors", "tasks/values"):
             np.testing.assert_array_equal(a[key][()], b[key][()])
+
+
+@pytest.mark.parametrize("family, kw", [("actor-critic", dict(d=6, m=6, alpha=0.5, beta=0.25)),
+                                        ("softmax-td", dict(d=6, n_layers=2, score_scale=3.0)),
+                                        ("sarsa", dict(d=6, alpha=0.5))])
+def test_prompt_files_of_every_family_get_the_reference(tmp_path, family, kw):
+    """User prompts are run through the task family's reference algorithm (0.1 left actor-critic
+    prompt files without one), with the checkpoint's constants (beta, score_scale)."""
+    model = theta_star_model(family, **kw)
+    config = _config(model)
+    batch = _sample(config, 10, seed=4)
+    np.savez(tmp_path / "p.npz", z=batch.prompt.z, state=batch.prompt.states)
+    src = recorder.load_prompt_file(tmp_path / "p.npz", config, model.layout)
+    assert src.task_family == family
+    recorder.record(model, tmp_path / "p.h5", FLOAT64_SPEC, src, batch_size=5, progress=False)
+    with Recording(tmp_path / "p.h5") as r:
+        assert set(batch.reference) <= {k.split("/")[-1] for k in r.f["reference"]}
+        for key, want in batch.reference.items():
+            np.testing.assert_allclose(r.array(f"/reference/{key}"), want, atol=1e-12, err_msg=key)
+        assert r.task_family == family and r.family == family
+        star = r.group("theta_star")
+        assert star and all(np.array_equal(star[k], r.group("params")[k]) for k in star)
+    from icrl_interp.analyzers import analyze
+
+    for layer in analyze(tmp_path / "p.h5")["activations"]["layers"]:  # theta* runs that reference
+        assert layer["reference_gap"] < 1e-9
+    with pytest.raises(UserError, match="d_model"):
+        np.savez(tmp_path / "wide.npz", z=np.zeros((2, 5, model.layout.d_model + 1)))
+        recorder.load_prompt_file(tmp_path / "wide.npz", config, None)
+
+
+def test_record_writes_schema_2_and_samples_through_the_registry(tmp_path):
+    """The recorder samples with the task family's registered sampler: a family registered under
+    another name records the same prompts under its own name."""
+    model = theta_star_model("sarsa", d=6, alpha=0.5)
+    config = _config(model)
+    _record(model, tmp_path / "a.h5", n_total=8, batch_size=8)
+    base = registry.get("sarsa")
+    registry.register(registry.Family(**{**base.__dict__, "name": "test-sarsa-prompts"}))
+    try:
+        alias = CheckpointConfig(model=config.model, task=TaskSpec(**{**config.task.to_dict(), "family": "test-sarsa-prompts"}),
+                                 origin=config.origin)
+        src = recorder.PromptSource(config=alias, n_total=8)
+        recorder.record(model, tmp_path / "b.h5", probe_spec.shipped_spec("sarsa"), src, batch_size=8, progress=False)
+    finally:
+        registry.unregister("test-sarsa-prompts")
+    with Recording(tmp_path / "a.h5") as a, Recording(tmp_path / "b.h5") as b:
+        assert a.task_family == "sarsa" and b.task_family == "test-sarsa-prompts"
+        assert a.model_info == b.model_info == {"family": "sarsa", "architecture": "lsa", "class": "LSAModel"}
+        np.testing.assert_array_equal(a.array("/prompts/z"), b.array("/prompts/z"))
+        assert b.attr("checkpoint_config")["task"]["family"] == "test-sarsa-prompts"
+    with pytest.raises(UserError, match="needs a checkpoint config"):
+        recorder.PromptSource(n_total=3)

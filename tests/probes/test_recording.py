@@ -2,8 +2,14 @@ import h5py
 import numpy as np
 import pytest
 
+from pathlib import Path
+
+from icrl_interp import registry
 from icrl_interp.errors import UserError
-from icrl_interp.recording import CHUNK_MAX, CHUNK_MIN, Recording, RecordingWriter, bf16_to_float32, chunk_shape
+from icrl_interp.recording import (CHUNK_MAX, CHUNK_MIN, SCHEMA, SCHEMA_V1, Recording, RecordingWriter,
+                                   bf16_to_float32, chunk_shape)
+
+FORMAT_V1 = Path(__file__).resolve().parent.parent / "fixtures" / "format_v1"
 
 
 @pytest.mark.parametrize("row, itemsize, batch", [((3,), 8, 4), ((65, 65), 4, 512), ((1, 65, 65), 4, 7),
@@ -18,7 +24,7 @@ def test_chunks_stay_between_10kib_and_1mib(row, itemsize, batch):
 
 
 def test_batch_aligned_chunks_are_written_whole(tmp_path):
-    w = RecordingWriter(tmp_path / "a.h5", {"family": "generic", "batch_size": 64})
+    w = RecordingWriter(tmp_path / "a.h5", {"task_family": "", "batch_size": 64})
     data = np.arange(64 * 3 * 100, dtype=np.float64).reshape(3, 64, 100)
     for i in range(3):
         w.write_batch({"acts/x": data[i]})
@@ -44,7 +50,7 @@ def test_reader_refuses_foreign_incomplete_and_corrupt_files(tmp_path):
         f["x"] = np.zeros(3)
     with pytest.raises(UserError, match="not an icrl_interp recording"):
         Recording(tmp_path / "foreign.h5")
-    w = RecordingWriter(tmp_path / "b.h5", {"family": "generic", "batch_size": 4})
+    w = RecordingWriter(tmp_path / "b.h5", {"task_family": "", "batch_size": 4})
     w.write_batch({"acts/x": np.zeros((4, 2))})
     w.close()
     with pytest.raises(UserError, match="incomplete"):
@@ -55,3 +61,43 @@ def test_reader_refuses_foreign_incomplete_and_corrupt_files(tmp_path):
             r.read("y")
     with pytest.raises(UserError, match="no such recording"):
         Recording(tmp_path / "missing.h5")
+
+
+def _tiny(path, meta):
+    w = RecordingWriter(path, meta)
+    w.write_batch({"acts/x": np.zeros((2, 3))})
+    return w.finish()
+
+
+def test_schema_2_keeps_task_and_model_apart(tmp_path):
+    model = {"family": None, "architecture": None, "class": "HookedTransformer"}
+    with Recording(_tiny(tmp_path / "a.h5", {"task_family": "softmax-td", "model": model})) as r:
+        assert r.schema == SCHEMA and r.schema_version == 2
+        assert r.task_family == "softmax-td" and r.family is None and r.model_info == model
+        assert r.checkpoint_config is None
+    with Recording(_tiny(tmp_path / "b.h5", {"task_family": ""})) as r:  # no task, no model attribute
+        assert r.task_family is None and r.model_info == {"family": None, "architecture": None, "class": None}
+    with Recording(_tiny(tmp_path / "c.h5", {"checkpoint_config": {"format_version": 2, "model": {}}})) as r:
+        with pytest.raises(UserError, match="unreadable checkpoint_config"):
+            r.checkpoint_config
+
+
+@pytest.mark.parametrize("family", ["linear-td", "softmax-td", "sarsa", "actor-critic"])
+def test_schema_1_recordings_still_read(family):
+    """Files of icrl_interp 0.1: one `family` attribute for the task and the model, a format-1 config."""
+    with Recording(FORMAT_V1 / f"rec-{family}.h5") as r:
+        assert r.schema == SCHEMA_V1 and r.schema_version == 1 and r.n_prompts == 8
+        assert r.task_family == family and r.family == family
+        assert r.model_info == {"family": family, "architecture": registry.get(family).architecture, "class": None}
+        config = r.checkpoint_config
+        assert config.family == config.task.family == family and config.task.n == r.array("/prompts/z").shape[1] - 1
+        assert r.layout.d_model == config.model.D
+        assert set(r.group("theta_star")) == set(r.group("params"))
+
+
+def test_schema_1_generic_means_no_family(tmp_path):
+    w = RecordingWriter(tmp_path / "g.h5", {"schema": SCHEMA_V1, "family": "generic"})
+    w.write_batch({"acts/x": np.zeros((2, 3))})
+    with Recording(w.finish()) as r:
+        assert r.schema_version == 1 and r.task_family is None
+        assert r.model_info == {"family": None, "architecture": None, "class": None}

@@ -14,9 +14,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from icrl_interp import layouts, theta_star
+from icrl_interp import layouts
 from icrl_interp.errors import UserError
 from icrl_interp.recording import RecordingWriter
+from icrl_interp.families import softmax_td
 
 SCHEMA = "icrl_interp.analysis/1"
 LOG_ENV = "REPORT_FAKE_LOG"
@@ -94,14 +95,14 @@ def write_recording(path: Path, analysis: dict | None, family: str = "softmax-td
     layer l attends to same-state sources with weight mass sharpening as l grows."""
     rng = np.random.default_rng(seed)
     d = n_states
-    lay = layouts.softmax_layout(d)
+    lay = softmax_td.layout(d)
     meta = {"family": family, "layout": lay.to_dict(), "probe_spec": {"name": "test"}, "checkpoint_config": checkpoint_config,
             "checkpoint_sha256": "0" * 64, "n_layers": n_layers, "gamma": gamma, "seed": seed,
             "versions": {}, "created": "2026-01-01T00:00:00Z", "task_data": "present"}
     if analysis is not None:
         meta["test_analysis"] = analysis
     w = RecordingWriter(path, meta)
-    star = theta_star.softmax_td(d, gamma=gamma)
+    star = softmax_td.theta_star(d, gamma=gamma)
     w.write_static("theta_star", {"blocks.0.attn.A": star["A"], "blocks.0.attn.V": star["V"]})
     states = rng.integers(0, n_states, size=(n_prompts, n + 1))
     batch = {"prompts/state": states, "prompts/z": rng.standard_normal((n_prompts, n + 1, lay.d_model))}

@@ -12,6 +12,7 @@ import report_fake as F
 
 from icrl_interp.cli import main
 from icrl_interp.report import batch
+from icrl_interp.families import sarsa
 
 FAKE = "report_fake:analyze"
 
@@ -197,10 +198,10 @@ def test_cli_exit_codes(inputs, tmp_path, capsys):
 
 def test_real_analyzer_on_a_theta_star_checkpoint(tmp_path, capsys):
     """End to end with the real analyzer: θ* scores perfectly, a corrupt checkpoint fails with its reason."""
-    from icrl_interp import checkpoint, theta_star
+    from icrl_interp import checkpoint
 
     theta, d = tmp_path / "theta", 3
-    star = theta_star.sarsa(d, c=-2.5)  # a point on the scaling manifold, written without torch
+    star = sarsa.theta_star(d, c=-2.5)  # a point on the scaling manifold, written without torch
     checkpoint.save({"blocks.0.attn.P": star["P"], "blocks.0.attn.V": star["V"]},
                     {"family": "sarsa", "d": d, "n_layers": 1, "gamma": 0.5, "alpha": 1.0, "tied": True,
                      "dtype": "float64", "n": 16, "origin": {"kind": "theta_star", "c": -2.5}}, theta)

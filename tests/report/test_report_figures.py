@@ -12,6 +12,7 @@ from matplotlib.image import imread
 from icrl_interp import layouts
 from icrl_interp.report import batch, figures, headline
 from icrl_interp.report.fields import kernel_mins, label_of
+from icrl_interp.families import softmax_td
 
 FAKE = "report_fake:analyze"
 
@@ -79,7 +80,7 @@ def test_band_is_mean_and_std_across_seeds(drawn):
 
 def test_theta_star_block_norms_rebuilt_from_the_recording(tmp_path):
     d = 4
-    lay = layouts.softmax_layout(d)
+    lay = softmax_td.layout(d)
     analysis = F.make_analysis("softmax-td", "trained", 0.5)
     learned = {r: {c: 0.5 for c in lay.names} for r in lay.names}
     analysis["weights"]["block_sparsity"]["block_norms"] = {"blocks.0.attn.A": learned}

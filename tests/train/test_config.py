@@ -1,13 +1,28 @@
 """Training configs: defaults, overrides, JSON round trip, validation errors."""
+import dataclasses
 import json
 
 import pytest
 
+from icrl_interp import registry
+from icrl_interp.cli_fields import field_docs
 from icrl_interp.errors import UserError
-from icrl_interp.train import config_for, config_from_dict
+from icrl_interp.train import TrainConfig, config_classes, config_for, config_from_dict, recipe, training_families
+
+FAMILIES = ["linear-td", "softmax-td", "sarsa", "actor-critic"]
 
 
-@pytest.mark.parametrize("family", ["linear-td", "softmax-td", "sarsa"])
+def test_every_family_with_a_recipe_has_its_config_class():
+    assert training_families() == registry.where(lambda f: f.training is not None) == FAMILIES
+    classes = config_classes()
+    for family in FAMILIES:
+        cls = classes[family]
+        assert issubclass(cls, TrainConfig) and cls is recipe(family).config_class and cls().family == family
+        # every field has a docstring: it is the `icrl-interp train FAMILY --help` text
+        assert set(field_docs(cls)) == {f.name for f in dataclasses.fields(cls)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_round_trip_through_json(family):
     cfg = config_for(family, steps=7, seed=3)
     again = config_from_dict(json.loads(json.dumps(cfg.to_dict())))

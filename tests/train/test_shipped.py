@@ -38,8 +38,11 @@ def _close(a, b, rel, abs_):
 def test_rerun_reproduces_the_shipped_checkpoint(reruns, family):
     run = reruns[family]
     shipped = json.loads((DATA / family / "final_metrics.json").read_text())
-    # Same machine: identical. Other BLAS builds may differ in the last float32 bits, so allow a margin.
-    tiny_abs = 1e-9 if family == "sarsa" else 1e-3
+    # the config, and so its hash, is unchanged: the run is the shipped run
+    assert run.final_metrics["run_id"] == shipped["run_id"] == checkpoint.load(DATA / family).origin["run_id"]
+    # Same machine: identical. Other BLAS builds may differ in the last float32 bits, so allow a margin
+    # (measured on another machine: sarsa's mod_null rel errors of ~2e-7 differ by 3e-8, float32 noise).
+    tiny_abs = 1e-6 if family == "sarsa" else 1e-3
     assert _close({k: v for k, v in shipped.items() if k != "run_id"},
                   {k: v for k, v in run.final_metrics.items() if k != "run_id"}, rel=0.02, abs_=tiny_abs)
     want = load_file(str(DATA / family / "model.safetensors"))

@@ -1,0 +1,123 @@
+"""Training the actor-critic layer (Liang & Lai (b), Thm 3.3): the torch half of the actor-critic family.
+
+The SARSA recipe with a policy: prompts carry w ~ N(0, w_std^2 I) and lam ~ N(0, lam_std^2 I), the
+behaviour policy is pi_lam (tabular softmax, m = d), and the teacher is the actor-critic step
+[w'; lam'] (`reference.actor_critic_update`). Init, lazy blocks and the ablation are SARSA's.
+Evaluation: held-out teacher-mimicking loss, the best c of (P12, V21bar) against
+(c P12*, V21bar*/c) (one scale for both output blocks), per-output-block scales, the lazy blocks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .. import reference
+from ..analyzers import weights
+from ..errors import check
+from ..models import ModelConfig
+from ..train.recipe import Recipe, Trends
+from ..train.util import param, tensor, torch_dtype
+from . import sarsa, sarsa_training
+from .actor_critic import NAME, mdp_columns, policy, policy_features, prompt, readout, theta_star_blocks
+from .sarsa_training import SarsaBatch, SarsaTrainConfig
+
+
+@dataclass
+class ActorCriticTrainConfig(SarsaTrainConfig):
+    """Liang & Lai (b), Thm 3.3: one LSA layer mimicking the batch actor-critic step (icrl_interp.families.actor_critic).
+
+    Prompts carry w ~ N(0, w_std^2 I) and lam ~ N(0, lam_std^2 I); the behaviour policy is pi_lam
+    (tabular softmax, m = d), so `epsilon` is unused. The target is [w'; lam'].
+    """
+
+    family: str = NAME
+    alpha: float = 1.0
+    """Actor step: lam' = lam + (alpha/n) sum_i gamma^i delta_i g_i."""
+    beta: float = 1.0
+    """Critic step: w' = w + (beta/n) sum_i delta_i phi_i."""
+    lam_std: float = 0.5
+    """Policy parameters in the prompt: lam ~ N(0, lam_std^2 I)."""
+
+    def validate(self) -> "ActorCriticTrainConfig":
+        super().validate()
+        check(not self.span_projection, f"span_projection is implemented for {sarsa.NAME} only, not {NAME}")
+        check(self.lam_std >= 0, f"lam_std must be non-negative, got {self.lam_std}")
+        return self
+
+
+def model_config(cfg: ActorCriticTrainConfig) -> ModelConfig:
+    """Tabular softmax policy: m = d = n_states * n_actions."""
+    d = cfg.n_states * cfg.n_actions
+    return ModelConfig(family=NAME, d=d, m=d, n_layers=1, gamma=cfg.gamma, alpha=cfg.alpha, dtype=cfg.dtype)
+
+
+def sample_actor_critic(cfg: ActorCriticTrainConfig, rng: np.random.Generator, size: int | None = None) -> SarsaBatch:
+    """Prompts of random MDPs with w ~ N(0, w_std^2), lam ~ N(0, lam_std^2), n steps of pi_lam each,
+    and the teacher's [w'; lam'] (a SarsaBatch whose `w` holds [w; lam])."""
+    batch = cfg.batch if size is None else size
+    mdp = sarsa_training.sample_mdps(cfg, batch, rng)
+    d = cfg.n_states * cfg.n_actions
+    phi_pi = policy_features(cfg.n_states, cfg.n_actions)
+    w, lam = cfg.w_std * rng.standard_normal((batch, d)), cfg.lam_std * rng.standard_normal((batch, d))
+    traj = mdp.sample(policy(lam, phi_pi), cfg.n, rng)
+    c = mdp_columns(mdp, traj, lam, phi_pi)
+    z = prompt(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam, cfg.gamma).z
+    w_new, lam_new = reference.actor_critic_update(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam, cfg.gamma,
+                                                   cfg.alpha, cfg.beta)
+    dtype = torch_dtype(cfg.dtype)
+    return SarsaBatch(z=tensor(z, dtype), w=tensor(np.concatenate([w, lam], -1), dtype),
+                      target=tensor(np.concatenate([w_new, lam_new], -1), dtype))
+
+
+def mimicking_loss(model, batch: SarsaBatch) -> Tensor:
+    """Mean over prompts of ||[w'; lam']_TF - [w'; lam']_teacher||^2."""
+    return (readout(model(batch.z), model.layout) - batch.target).pow(2).sum(-1).mean()
+
+
+def evaluate(model, cfg: ActorCriticTrainConfig, rng: np.random.Generator) -> dict:
+    """Held-out loss, manifold fit of (P12, V21bar), one scale per output block, lazy blocks."""
+    d = cfg.n_states * cfg.n_actions
+    batch = sample_actor_critic(cfg, rng, cfg.eval_tasks)
+    with torch.no_grad():
+        loss = float(mimicking_loss(model, batch))
+        update = float((batch.target - batch.w).pow(2).sum(-1).mean())
+    P, Vm = param(model, 0, "P"), param(model, 0, "V")
+    lay = model.layout
+    one, two = weights.lsa_blocks(lay)
+    P12s, V21s = theta_star_blocks(d, d, cfg.alpha, cfg.beta)
+    P12, V21 = P[one, two], Vm[lay.slice("w").start :, one]  # V21bar: V21 without the '1' row
+    fit = weights.manifold_fit(P12, P12s, V21, V21s[1:], ("P12", "V21"))
+    c = fit["scale"]
+    lazy = weights.lazy_blocks(P, Vm, lay)
+    critic, actor = slice(0, d), slice(d, 2 * d)
+    return {
+        "loss": loss, "loss_relative_to_update": loss / update, "scale_c": c,
+        "rel_err_P12": fit["rel_err"]["P12"], "rel_err_V21": fit["rel_err"]["V21"], "gauge_cosine": fit["gauge_cosine"],
+        # one scale per output block, fitted separately: equal to scale_c if the manifold is one-dimensional
+        "block_scales": {"critic": 1.0 / weights.ls_scale(V21[critic], V21s[1:][critic]),
+                         "actor": 1.0 / weights.ls_scale(V21[actor], V21s[1:][actor])},
+        "lazy_P22": lazy["P22"], "lazy_V22": lazy["V22"],
+    }
+
+
+def trend_series(rows: list[dict]) -> dict[str, list[float]]:
+    """The family's own metrics (its evaluation has no 'mod_null' block, unlike SARSA's)."""
+    return {"rel err P12": [r["rel_err_P12"] for r in rows], "rel err V21": [r["rel_err_V21"] for r in rows],
+            "loss / update": [r["loss_relative_to_update"] for r in rows],
+            "lazy |P22|+|V22|": [r["lazy_P22"] + r["lazy_V22"] for r in rows]}
+
+
+TRAINING = Recipe(
+    config_class=ActorCriticTrainConfig,
+    model_config=model_config,
+    task=sarsa_training.mdp_task,
+    batch=sample_actor_critic,
+    objectives={"mimic": mimicking_loss},
+    evaluate=evaluate,
+    trends=Trends(series=trend_series, log_scale=True),
+    adjust_init=sarsa_training.adjust_init,
+    log_extras=sarsa_training.log_extras,
+)

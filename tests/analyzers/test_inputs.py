@@ -1,0 +1,115 @@
+"""Input discovery (the one helper `analyze` and `report` share) and input kinds."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from icrl_interp.analyzers import inputs
+from icrl_interp.errors import UserError
+
+from . import analyzer_data as D
+
+
+def _checkpoint(path: Path, weights: bool = True) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    if weights:
+        (path / "model.safetensors").write_bytes(b"x")
+    return path
+
+
+def test_discover_walks_directories_like_the_report_expects(tmp_path):
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "rec.h5").write_bytes(b"x")
+    (root / "b.hdf5").write_bytes(b"x")
+    (root / "notes.txt").write_text("not an input")
+    _checkpoint(root / "runs" / "a" / "checkpoints" / "step_000010")
+    _checkpoint(root / "runs" / "a" / "checkpoints" / "step_000020", weights=False)  # being written
+    (root / "runs" / "a" / "checkpoints" / "step_000030").mkdir()  # empty: still a checkpoint (fails later)
+    theta = _checkpoint(root / "theta")
+    (theta / "inside.h5").write_bytes(b"x")  # a checkpoint directory is not entered
+    (root / "cache").mkdir()
+    (root / "cache" / "old.h5").write_bytes(b"x")
+    (root / ".hidden").mkdir()
+    (root / ".hidden" / "x.h5").write_bytes(b"x")
+    (tmp_path / "empty").mkdir()
+    half = root / "half.h5.partial"
+    half.write_bytes(b"x")
+    found = inputs.discover([root, half, tmp_path / "nope", tmp_path / "empty", root / "rec.h5"])
+    assert [(f.kind, f.path.relative_to(tmp_path).as_posix(), f.problem) for f in found] == [
+        ("recording", "in/b.hdf5", ""),
+        ("recording", "in/rec.h5", ""),
+        ("checkpoint", "in/runs/a/checkpoints/step_000010", ""),
+        ("checkpoint", "in/runs/a/checkpoints/step_000020", ""),
+        ("checkpoint", "in/runs/a/checkpoints/step_000030", ""),
+        ("checkpoint", "in/theta", ""),
+        ("file", "in/half.h5.partial", ""),
+        ("missing", "nope", "does not exist"),
+        ("missing", "empty", "holds no checkpoints or recordings"),
+    ]  # in/rec.h5 named again: found once
+    assert len(inputs.discover([root / "rec.h5", root / "rec.h5"], unique=False)) == 2
+
+
+def test_a_directory_with_a_config_is_one_checkpoint_unless_it_is_a_run(tmp_path):
+    broken = _checkpoint(tmp_path / "broken", weights=False)
+    assert [(f.kind, f.path) for f in inputs.discover([broken])] == [("checkpoint", broken)]
+    run = tmp_path / "run"
+    _checkpoint(run / "checkpoints" / "step_000001")
+    (run / "config.json").write_text("{}")  # a training run's own config
+    assert [f.path.name for f in inputs.discover([run])] == ["step_000001"]
+
+
+def test_expand_inputs_keeps_what_holds_nothing_for_the_analyzer_to_refuse(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert inputs.expand_inputs([str(tmp_path / "empty"), str(tmp_path / "nope")]) == [
+        str(tmp_path / "empty"), str(tmp_path / "nope")]
+    with pytest.raises(UserError, match="not a checkpoint"):
+        inputs.input_kind(tmp_path / "empty")
+
+
+def test_input_kinds(tmp_path):
+    rec = D.write_recording(tmp_path / "r.h5", "sarsa", n_prompts=4, batch=4)
+    ck = D.write_checkpoint(tmp_path / "ck", D.config_for("sarsa"), D.theta_params(D.config_for("sarsa")))
+    assert inputs.input_kind(rec) == "recording"
+    assert inputs.input_kind(ck) == inputs.input_kind(ck / "model.safetensors") == "checkpoint"
+    (tmp_path / "tl.safetensors").write_bytes(b"x")
+    assert inputs.input_kind(tmp_path / "tl.safetensors") == "tl-weights"
+    assert inputs.is_checkpoint(ck) and not inputs.is_checkpoint(rec)
+    (tmp_path / "junk").write_bytes(b"junk")
+    with pytest.raises(UserError, match="neither"):
+        inputs.input_kind(tmp_path / "junk")
+
+
+def test_family_dims_and_layouts_of_configs():
+    from icrl_interp.families import actor_critic
+
+    assert inputs.family_dims("actor-critic", actor_critic.layout(4, 2)) == (4, 2)
+    assert inputs.family_dims("linear-td", D.layout_of(D.config_for("linear-td"))) == (3, None)
+    with pytest.raises(UserError, match="not a softmax-td layout"):
+        inputs.family_dims("softmax-td", actor_critic.layout(4, 2))
+    cfg = D.config_for("softmax-td")
+    assert inputs.layout_from_config(cfg) == inputs.layout_from_config(cfg.to_dict()) == cfg.model.layout
+
+
+def test_chunked_reading_with_read_ahead_returns_the_file_contents(tmp_path):
+    from icrl_interp.recording import Recording
+
+    p = D.write_recording(tmp_path / "r.h5", "softmax-td", n_prompts=70, batch=20, bf16=True)
+    with Recording(p) as rec:
+        paths = ["acts/blocks.0.attn.hook_pattern", "prompts/z", "reference/td_errors"]
+        ahead = inputs.ReadAhead(rec.path, [rec.f[x] for x in paths])
+        assert len(ahead.offset) > 0 and np.all(ahead.size > 0)
+        ahead.hint(0, 30)
+        ahead.close()
+        seen = 0
+        for start, stop, data in inputs.iter_chunks(rec, paths, rows=16):
+            assert stop - start == min(16, 70 - start)
+            np.testing.assert_array_equal(data[paths[0]], rec.read("blocks.0.attn.hook_pattern", start, stop))
+            assert data[paths[0]].dtype == np.float32  # bfloat16 decoded
+            np.testing.assert_array_equal(data["prompts/z"], rec.array("prompts/z", start, stop))
+            seen += stop - start
+        assert seen == 70
+    assert inputs.chunk_rows(10, 35, 100) == 2 and inputs.chunk_rows(1, 2**20, 7) == 8

@@ -1,0 +1,67 @@
+"""Atomic writes: the final path only ever holds a complete file, the data is fsynced before the
+rename, a failure leaves the old file (or nothing) and no temporary behind; JSON is cleaned."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from icrl_interp import files
+
+
+def _listing(d):
+    return sorted(p.name for p in d.iterdir())
+
+
+def test_write_atomic_replaces_and_leaves_no_temporaries(tmp_path):
+    target = tmp_path / "sub" / "out.txt"
+    files.write_atomic(target, "one")
+    files.write_atomic(target, b"two")
+    assert target.read_bytes() == b"two" and _listing(target.parent) == ["out.txt"]
+    assert oct(target.stat().st_mode & 0o777) == oct(0o644)
+
+
+def test_a_failing_writer_keeps_the_old_file(tmp_path):
+    target = tmp_path / "fig.png"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with files.atomic_path(target, suffix=".png") as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("killed")
+    assert target.read_bytes() == b"old" and _listing(tmp_path) == ["fig.png"]
+
+
+def test_data_is_fsynced_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+                        or real_fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(("replace", os.path.basename(b))) or real_replace(a, b))
+    files.write_atomic(tmp_path / "a.json", "{}")
+    kinds = [e[0] for e in events]
+    assert kinds == ["fsync", "replace", "fsync"]
+    assert events[0][1].startswith(".a.json.") and events[1][1] == "a.json" and events[2][1] == tmp_path.name
+
+
+def test_atomic_dir_swaps_whole_directories(tmp_path):
+    out = tmp_path / "ck"
+    with files.atomic_dir(out) as tmp:
+        (tmp / "a").write_text("1")
+    with pytest.raises(ValueError):
+        with files.atomic_dir(out) as tmp:
+            (tmp / "a").write_text("2")
+            raise ValueError("crash")
+    assert (out / "a").read_text() == "1" and _listing(tmp_path) == ["ck"]
+    with files.atomic_dir(out) as tmp:
+        (tmp / "b").write_text("3")
+    assert _listing(out) == ["b"] and _listing(tmp_path) == ["ck"]
+
+
+def test_json_clean_and_write_json(tmp_path):
+    payload = {"a": np.float32(1.5), "b": np.arange(3), "c": (math.nan, math.inf, np.int64(4)), 5: np.bool_(True)}
+    assert files.json_clean(payload) == {"a": 1.5, "b": [0, 1, 2], "c": [None, None, 4], "5": True}
+    files.write_json(tmp_path / "x.json", payload)
+    assert json.loads((tmp_path / "x.json").read_text())["c"] == [None, None, 4]
