@@ -254,12 +254,13 @@ class Construct(sarsa.Construct):
     critic_step: float = 1.0
     """The critic's step beta (--alpha is the actor's step)."""
 
-    def plan(self) -> registry.ConstructPlan:
-        d = self.one_hot_d()
-        return registry.ConstructPlan(
-            model={"d": d, "m": d, "n_layers": 1, "gamma": self.gamma, "alpha": self.alpha, "dtype": self.dtype},
-            constants={"c": self.scale, "beta": self.critic_step},
-            task={"family": NAME, "kind": "mdp", "n": self.n, "n_states": self.states, "n_actions": self.actions})
+    family = NAME
+
+    def extra_model(self, d: int) -> dict:
+        return {"m": d}  # the tabular softmax policy: m = d
+
+    def constants(self) -> dict:
+        return {"c": self.scale, "beta": self.critic_step}
 
 
 FAMILY = registry.register(registry.Family(

@@ -205,18 +205,29 @@ class Construct:
     dtype: str = field(default="float64", metadata={"choices": ("float64", "float32")})
     """Parameter dtype: float64 or float32."""
 
+    family = NAME  # not a field (no annotation): the family whose theta* this builds; subclasses override it
+
     def one_hot_d(self) -> int:
         d = V.count("states", self.states) * V.count("actions", self.actions)
         if self.d is not None and self.d != d:
-            raise UserError(f"{NAME} features are state-action one-hot: d must be states*actions = {d}, got --d {self.d}")
+            raise UserError(f"{self.family} features are state-action one-hot: d must be states*actions = {d}, "
+                            f"got --d {self.d}")
         return d
 
     def plan(self) -> registry.ConstructPlan:
         d = self.one_hot_d()
         return registry.ConstructPlan(
-            model={"d": d, "n_layers": 1, "gamma": self.gamma, "alpha": self.alpha, "dtype": self.dtype},
-            constants={"c": self.scale},
-            task={"family": NAME, "kind": "mdp", "n": self.n, "n_states": self.states, "n_actions": self.actions})
+            model={"d": d, "n_layers": 1, "gamma": self.gamma, "alpha": self.alpha, "dtype": self.dtype,
+                   **self.extra_model(d)},
+            constants=self.constants(),
+            task={"family": self.family, "kind": "mdp", "n": self.n, "n_states": self.states, "n_actions": self.actions})
+
+    def extra_model(self, d: int) -> dict:
+        """Model fields beyond the SARSA ones (the actor-critic adds m)."""
+        return {}
+
+    def constants(self) -> dict:
+        return {"c": self.scale}
 
 
 FAMILY = registry.register(registry.Family(
