@@ -18,7 +18,7 @@ import numpy as np
 
 from ._version import __version__
 from . import registry
-from .errors import UserError
+from .errors import UserError, one_line
 from .files import atomic_dir
 from .models.config import FORMAT_VERSION, CheckpointConfig, ModelConfig, check_meta
 from .sampling import TaskSpec
@@ -119,7 +119,13 @@ def save(model_or_state, extras: Mapping | CheckpointConfig | None, out_dir, *, 
         tensors = {str(name): _as_numpy(v) for name, v in model_or_state.items()}
         origin = None
     else:
-        raise UserError(f"cannot save a {type(model_or_state).__name__}: pass a model or a dict of tensors")
+        if hasattr(model_or_state, "named_parameters"):  # a torch module, but not one of the package's models
+            raise UserError(f"cannot save a {type(model_or_state).__name__} as a checkpoint: it has no .config (it is "
+                            f"not one of the package's models); save your module's weights with "
+                            f"safetensors.torch.save_file(model.state_dict(), path) and record it with --model "
+                            f"(docs/byom.md)")
+        raise UserError(f"cannot save a {type(model_or_state).__name__}: pass one of the package's models or a dict "
+                        f"of tensors")
     if isinstance(extras, CheckpointConfig):
         if extras.model != model_config:
             raise UserError("the CheckpointConfig's model differs from the model being saved")
@@ -174,7 +180,7 @@ def _check_safetensors(path: Path) -> None:
             raise UserError(f"{path} is truncated or not a safetensors file (header length {n_header}, file size {size})")
         try:
             header = json.loads(f.read(n_header))
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deeply
             raise UserError(f"{path} is not a safetensors file (its header is not JSON)") from None
     if not isinstance(header, dict):
         raise UserError(f"{path} is not a safetensors file (its header is not a JSON object)")
@@ -187,7 +193,7 @@ def _check_safetensors(path: Path) -> None:
             end = max(end, int(offsets[1]))
         except (TypeError, KeyError, IndexError, ValueError):
             raise UserError(f"{path}: malformed safetensors entry for {name!r}") from None
-        if dtype not in _SAFETENSORS_DTYPES:
+        if not isinstance(dtype, str) or dtype not in _SAFETENSORS_DTYPES:
             raise UserError(f"{path}: tensor {name} has dtype {dtype}; checkpoints hold float32 or float64 only")
     if 8 + n_header + end != size:
         raise UserError(f"{path} is truncated or padded: its header promises {end} data bytes, "
@@ -213,6 +219,10 @@ def read(path) -> tuple[CheckpointConfig, dict[str, np.ndarray]]:
         config = json.loads(config_path.read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"{config_path} is not valid JSON ({e})") from None
+    except RecursionError:
+        raise UserError(f"{config_path} is not a checkpoint config (JSON nested too deeply)") from None
+    except OSError as e:
+        raise UserError(f"{config_path} cannot be read ({e.strerror or e})") from None
     config = validate_config(config)
     model_config = config.model
     _check_safetensors(weights)
@@ -221,7 +231,7 @@ def read(path) -> tuple[CheckpointConfig, dict[str, np.ndarray]]:
     try:
         tensors = load_file(str(weights))
     except Exception as e:  # the framing was checked; anything left is a corrupt file
-        raise UserError(f"{weights} could not be read as safetensors: {e}") from None
+        raise UserError(f"{weights} could not be read as safetensors: {one_line(e)}") from None
     validate_tensors(model_config, tensors)
     return config, tensors
 

@@ -2,7 +2,8 @@
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and
 `run(args) -> int`; heavy imports (torch, transformer_lens) stay inside `run`
-so that `--help` is instant. A `UserError` prints as one line and exits 2.
+so that `--help` is instant. A `UserError` prints as one line and exits 2, and so does an
+`OSError` (a permission, a full disk: the environment, not a bug) or running out of memory.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import importlib
 import sys
 
 from ._version import __version__
-from .errors import UserError
+from .errors import UserError, one_line
 
 # name -> (module, one-line help). Add a line here when a command lands.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -24,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("icrl_interp.commands.report", "analyze many checkpoints / recordings / runs into an HTML report"),
     "train": ("icrl_interp.commands.train", "pretrain a model of a family into a resumable run directory"),
     "control": ("icrl_interp.commands.control", "in-context control on held-out MDPs: random / teacher / transformer / oracle returns"),
+    "causal": ("icrl_interp.commands.causal", "erase / steer the TD-error direction at a layer against random directions: its causal effect on the output"),
 }
 
 
@@ -62,11 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    def fail(message: str) -> int:
+        print(f"icrl-interp {args.command}: error: {' '.join(message.split())}", file=sys.stderr)
+        return 2
+
     try:
         return int(args._run(args) or 0)
     except UserError as e:
-        print(f"icrl-interp {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
+    except OSError as e:
+        return fail(f"{e.filename}: {e.strerror or one_line(e)}" if e.filename else one_line(e))
+    except MemoryError as e:
+        return fail(f"out of memory ({one_line(e)}); use smaller sizes")
     except KeyboardInterrupt:
         print(f"icrl-interp {args.command}: interrupted", file=sys.stderr)
         return 130

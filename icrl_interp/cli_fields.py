@@ -59,7 +59,7 @@ def _parse(kind, optional: bool):
     return parse
 
 
-def add_fields(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
+def add_fields(parser: "argparse._ActionsContainer", cls: type, skip: tuple[str, ...] = (),
                aliases: dict[str, tuple[str, ...]] | None = None) -> list[str]:
     """Add one flag per field of dataclass `cls` (default None = not given); returns the field names."""
     docs, aliases = field_docs(cls), aliases or {}

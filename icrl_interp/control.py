@@ -25,9 +25,12 @@ from jaxtyping import Float, Int
 
 from . import envs, files, registry
 from .errors import check
+from .outputs import check_fits
 
 Array = np.ndarray
 REWARDS = ("uniform", "normal")
+FEATURE_STREAM = 2
+"""Held-out MDPs' random feature maps come from numpy.random.default_rng([seed, FEATURE_STREAM])."""
 
 
 @dataclass
@@ -79,12 +82,16 @@ def algorithm_for(config, epsilon: float = 0.1):
 
 # ------------------------------------------------------------------ MDPs
 def draw_mdps(cfg: ControlConfig, algo) -> envs.MDPBatch:
-    """The held-out MDPs (stream 0 of the seed): Dirichlet rows, uniform or normal rewards, uniform start."""
+    """The held-out MDPs (stream 0 of the seed): Dirichlet rows, uniform or normal rewards, uniform start;
+    with a random feature map (the rule's `draw_features`), one fresh map per MDP from stream 2 of the seed,
+    so the MDPs themselves are the same for every feature map."""
     rng = np.random.default_rng([cfg.seed, 0])
     mdp = envs.sample_tabular_mdps(cfg.mdps, algo.n_states, algo.n_actions, algo.gamma, rng, cfg.concentration)
     if cfg.rewards == "normal":
         mdp = envs.MDPBatch(P=mdp.P, R=rng.standard_normal(mdp.R.shape), start=mdp.start, gamma=mdp.gamma)
-    return mdp
+    draw = getattr(algo, "draw_features", None)
+    phi = None if draw is None else draw(cfg.mdps, np.random.default_rng([cfg.seed, FEATURE_STREAM]))
+    return mdp if phi is None else mdp.with_features(phi)
 
 
 # ------------------------------------------------------------ closed loop
@@ -112,6 +119,7 @@ def closed_loop(mdp: envs.MDPBatch, algo, n: int, iterations: int, rng: np.rando
     """Algorithm 1 on every MDP at once. `step(z) -> params` is the transformer; None runs the teacher."""
     from tqdm import tqdm
 
+    algo = algo.bind(mdp) if hasattr(algo, "bind") else algo  # random feature maps: act on the MDPs' own features
     B = mdp.batch
     params = np.zeros((B, algo.size))
     s = envs.sample_categorical(mdp.start, rng)
@@ -241,6 +249,21 @@ def torch_threads(n: int | None):
         torch.set_num_threads(before)
 
 
+def check_size(cfg: ControlConfig, config, algo) -> None:
+    """Refuse --mdps / --steps / --n whose closed loops do not fit in memory (before any work)."""
+    S, A, D = algo.n_states, algo.n_actions, config.model.D
+    sizes = {"mdps": cfg.mdps, "iterations": cfg.iterations, "n": cfg.n or int(config.task.n or 64)}
+
+    def estimate(v: dict) -> int:
+        B, T, n = v["mdps"], v["iterations"], v["n"]
+        curves = 2 * 8 * B * (T + 1) + 2 * 8 * B * T + 4 * 32 * (T + 1)  # returns, tracking, curve lists
+        prompts = B * (n + 1) * (4 * 8 + 4 * 8 * D)  # trajectories; the prompt and the model's activations
+        mdps = 4 * 8 * B * S * A * S  # P, its cumulative sum, value-iteration temporaries
+        return curves + prompts + mdps
+
+    check_fits(estimate, sizes, {"mdps": "--mdps", "iterations": "--steps", "n": "--n"}, "the closed loops")
+
+
 def run_checkpoint(path, cfg: ControlConfig, progress: bool = True, threads: int | None = None) -> dict:
     """Load a checkpoint of a control family and evaluate it in closed loop (`threads`: see torch_threads)."""
     from . import checkpoint
@@ -249,7 +272,7 @@ def run_checkpoint(path, cfg: ControlConfig, progress: bool = True, threads: int
     check(registry.get(config.family).control is not None,
           f"{path} is a {config.family} checkpoint; in-context control needs one of {', '.join(control_families())}")
     cfg.validate()
-    algorithm_for(config, cfg.epsilon)  # refuse an unusable config before loading torch
+    check_size(cfg, config, algorithm_for(config, cfg.epsilon))  # refuse an unusable config before loading torch
     model = checkpoint.load(path)
     with torch_threads(threads):
         return evaluate(model, config, cfg, progress, str(path))

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import registry, resources
+from . import outputs, registry, resources
 from .errors import UserError
 
 DATA_DIR = resources.checkpoints_dir()
@@ -44,32 +44,58 @@ def shipped_checkpoints(root: Path = DATA_DIR) -> list[Path]:
     return sorted(p.parent for p in root.rglob("config.json") if (p.parent / "model.safetensors").exists())
 
 
+def _validate(config: DemoConfig) -> None:
+    for name in ("prompts", "workers"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"--{name} must be a positive integer, got {value!r}")
+    if isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0:
+        raise UserError(f"--seed must be a non-negative integer, got {config.seed!r}")
+
+
+def _clear_own(inputs_dir: Path, names: list[str]) -> None:
+    """Remove the demo's own earlier outputs of these names from inputs/ (refused, before anything is
+    removed, if one of them is not the package's); other files there are left alone."""
+    if inputs_dir.exists() and not inputs_dir.is_dir():
+        raise UserError(f"{inputs_dir} is a file where the demo puts its inputs; move it away or choose another --out")
+    paths = [inputs_dir / n for n in names if (inputs_dir / n).exists() or (inputs_dir / n).is_symlink()]
+    for path in paths:
+        if not outputs.is_ours(path):
+            raise UserError(f"{path} is not a file the demo wrote, and the demo would replace it; "
+                            "move it away or choose another --out")
+    for path in paths:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
 def run_demo(config: DemoConfig) -> int:
     """Build, record, analyze, report. Returns the number of failed inputs."""
     from . import checkpoint, probe_spec, recorder
     from .construct import construct
     from .report import ReportConfig, build_report
+    from .report.batch import claim_out_dir, write_figure_manifest
     from .report.headline import text_table
 
     t0 = time.perf_counter()
-    out = Path(config.out)
+    _validate(config)
+    shipped = shipped_checkpoints()
+    out = claim_out_dir(config.out, inputs=shipped)
     inputs_dir = out / "inputs"
-    if inputs_dir.exists():
-        shutil.rmtree(inputs_dir)  # regenerated from the embedded defaults each time
-    inputs_dir.mkdir(parents=True)
     n_prompts = 64 if config.quick else config.prompts
 
-    models: list[tuple[str, Path]] = []
     families = config.families or registry.where(lambda f: f.demo is not None and f.construct is not None)
+    names = [f"theta_star-{family}" for family in families]
+    names += [f"trained-{checkpoint.read(path)[0].family}-{path.name}" for path in shipped]
+    _clear_own(inputs_dir, names + [f"{n}.h5{x}" for n in names for x in ("", ".partial")])
+    inputs_dir.mkdir(parents=True, exist_ok=True)  # `out` itself may be new (its parent exists)
+
+    models: list[tuple[str, Path]] = []
     for family in families:
         target = inputs_dir / f"theta_star-{family}"
         models.append((target.name, construct(family, registry.get(family).demo, target, overwrite=True)))
-    shipped = shipped_checkpoints()
     if not shipped:
         print(f"note: no trained checkpoints found under {DATA_DIR}; the demo shows theta* only")
-    for path in shipped:
-        cfg, _ = checkpoint.read(path)
-        models.append((f"trained-{cfg.family}-{path.name}", path))
+    for path, name in zip(shipped, names[len(families):]):
+        models.append((name, path))
 
     recordings: list[Path] = []
     print(f"recording {n_prompts} prompts through each of {len(models)} models")
@@ -88,6 +114,7 @@ def run_demo(config: DemoConfig) -> int:
 
     inputs = [p for _, p in models] + recordings
     outcome = build_report(inputs, out, ReportConfig(workers=config.workers, title="icrl-interp demo report"))
+    write_figure_manifest(out, outcome.figures)
     print()
     print(text_table(outcome.results))
     print(f"\nreport: {out / 'index.html'}  ({len(inputs)} inputs, {outcome.n_failed} failed, "

@@ -10,7 +10,9 @@ Conventions follow docs/concepts.md, section Environments:
 * Tabular MDP (our choice, the paper gives none): transition rows
   P(.|s, a) ~ Dirichlet(concentration * 1), deterministic rewards
   R(s, a) ~ U(-1, 1), start distribution uniform. The reward of step i is
-  r_{i+1} = R(s_i, a_i).
+  r_{i+1} = R(s_i, a_i). State-action features: one-hot e_{s n_A + a} unless
+  the batch carries its own per-task `phi` (random feature maps:
+  `sampling.sa_feature_map`).
 """
 from __future__ import annotations
 
@@ -235,6 +237,8 @@ class MDPBatch:
     """Start-state distribution (for discounted returns)."""
     gamma: float
     """Discount factor in [0, 1)."""
+    phi: Float[Array, "batch s a d"] | None = None
+    """Per-task state-action features phi(s, a) (random feature maps); None = one-hot e_{s n_A + a}."""
 
     def __post_init__(self):
         self.P = V.stochastic("transition tensor P", np.asarray(self.P, dtype=np.float64))
@@ -243,6 +247,8 @@ class MDPBatch:
         self.R = V.finite("rewards R", V.shape("R", np.asarray(self.R, dtype=np.float64), (B, S, A)))
         self.start = V.stochastic("start distribution", V.shape("start", np.asarray(self.start, dtype=np.float64), (B, S)))
         self.gamma = V.discount(self.gamma)
+        if self.phi is not None:
+            self.phi = V.finite("features phi", V.shape("phi", np.asarray(self.phi, dtype=np.float64), (B, S, A, None)))
 
     @property
     def batch(self) -> int:
@@ -256,9 +262,25 @@ class MDPBatch:
     def n_actions(self) -> int:
         return self.P.shape[2]
 
-    def features(self) -> Float[Array, "s a d"]:
-        """State-action one-hot features phi(s, a) = e_{s*n_A + a}."""
-        return state_action_onehot(self.n_states, self.n_actions)
+    @property
+    def d(self) -> int:
+        """Feature dimension (n_states * n_actions for one-hot features)."""
+        return self.n_states * self.n_actions if self.phi is None else self.phi.shape[-1]
+
+    def features(self) -> Float[Array, "*batch s a d"]:
+        """State-action features: one-hot phi(s, a) = e_{s*n_A + a} ([s, a, d], shared by every task), or
+        the batch's own per-task `phi` ([batch, s, a, d])."""
+        return state_action_onehot(self.n_states, self.n_actions) if self.phi is None else self.phi
+
+    def feature_table(self) -> Float[Array, "batch s a d"]:
+        """Per-task features [batch, s, a, d] in every case (one-hot broadcast over the batch, read-only)."""
+        if self.phi is not None:
+            return self.phi
+        return np.broadcast_to(self.features(), (self.batch, self.n_states, self.n_actions, self.d))
+
+    def with_features(self, phi: Float[Array, "batch s a d"] | None) -> "MDPBatch":
+        """The same MDPs with per-task features `phi` (None: one-hot)."""
+        return MDPBatch(P=self.P, R=self.R, start=self.start, gamma=self.gamma, phi=phi)
 
     def _check_policy(self, pi) -> np.ndarray:
         pi = np.asarray(pi, dtype=np.float64)

@@ -83,6 +83,7 @@ def atomic_dir(out) -> Iterator[Path]:
             if child.is_file():
                 with open(child, "rb+") as f:
                     os.fsync(f.fileno())
+        fsync_dir(tmp)  # the files' own directory entries, before the directory is renamed into place
         os.chmod(tmp, 0o755)  # mkdtemp creates 0700
         if out.exists():
             old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")

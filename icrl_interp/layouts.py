@@ -176,9 +176,12 @@ def column_labels(name: str, labels, expected: tuple[int, int]) -> np.ndarray:
 
 def mdp_columns(mdp, traj) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """phi_i, phi+_i and the column labels of an MDP trajectory batch."""
-    feats = mdp.features().reshape(mdp.n_states * mdp.n_actions, -1)
+    feats = mdp.features()  # [s, a, d] shared (one-hot) or [B, s, a, d] per task (random feature maps)
     sa = traj.states * mdp.n_actions + traj.actions
-    phi_all = feats[sa]  # [B, n+1, d]
+    if feats.ndim == 4:
+        phi_all = gather(feats.reshape(feats.shape[0], mdp.n_states * mdp.n_actions, -1), sa)
+    else:
+        phi_all = feats.reshape(mdp.n_states * mdp.n_actions, -1)[sa]  # [B, n+1, d]
     B, n = traj.rewards.shape
     states = np.concatenate([traj.states[:, :-1], np.full((B, 1), -1)], axis=1)
     actions = np.concatenate([traj.actions[:, :-1], np.full((B, 1), -1)], axis=1)

@@ -15,6 +15,14 @@ A spec looks like
     [params]
     names = ["blocks.*.attn.P", "blocks.*.attn.Q"]
 
+    [roles]                                  # a model of your own: its modules for the analyzers' roles
+    resid_post = "layers.{layer}"            # residual stream after layer l ({layer} = 0, 1, ...)
+    pattern = "layers.{layer}.attn#1"        # attention pattern [batch, (head,) query, key]
+    readout = ["norm", "head"]               # residual stream -> the model's output (logit lens)
+
+Roles are recorded under the canonical TransformerLens names (`capture.ROLES`); with roles the
+`[[hooks]]` entries are optional (every role is recorded as float32). TransformerLens models need no roles.
+
 Validation happens in two steps: `load_spec` checks the file itself (unknown keys,
 bad values), `ProbeSpec.resolve` checks it against a model's hook and parameter
 names (unknown names, patterns that match nothing). Errors name the spec line.
@@ -40,7 +48,9 @@ GENERIC_SPEC = "transformer_lens.toml"
 STORE_DTYPES = ("float16", "bfloat16", "float32", "float64")
 COMPRESSIONS = ("none", "lzf", "gzip")
 _HOOK_KEYS = {"pattern", "dtype", "compression", "positions", "pos_axis"}
-_TOP_KEYS = {"probe", "hooks", "params"}
+_TOP_KEYS = {"probe", "hooks", "params", "roles"}
+ROLE_KEYS = ("resid_pre", "resid_post", "pattern", "attn_out", "readout")
+"""Keys of [roles] (capture.ROLES plus the readout)."""
 
 
 @dataclass(frozen=True)
@@ -68,9 +78,12 @@ class HookRule:
         try:
             if len(parts) not in (2, 3):
                 raise ValueError
-            return slice(*(int(p) if p.strip() else None for p in parts))
+            sl = slice(*(int(p) if p.strip() else None for p in parts))
+            if sl.step is not None and sl.step < 1:
+                raise ValueError
+            return sl
         except ValueError:
-            raise UserError(f"line {self.line}: positions {self.positions!r} is not a slice like '0:-1'") from None
+            raise UserError(f"line {self.line}: positions {self.positions!r} is not a slice like '0:-1' (step >= 1)") from None
 
     def axis_for(self, hook_name: str) -> int:
         if self.pos_axis is not None:
@@ -94,21 +107,28 @@ class ProbeSpec:
     """Where the spec came from (path), for messages."""
     param_lines: tuple[int, ...] = field(default=())
     """Spec line of each params entry."""
+    roles: dict = field(default_factory=dict)
+    """[roles]: role -> the model's module path template ('{layer}') or list of paths (capture.role_points)."""
 
     def to_json(self) -> str:
         d = asdict(self)
         d.pop("param_lines")
+        if not d["roles"]:
+            d.pop("roles")  # specs without roles keep their old JSON (resume identity)
         for h in d["hooks"]:
             h.pop("line")
         return json.dumps(d, sort_keys=True)
 
-    def resolve(self, hook_names, param_names=()) -> tuple[dict[str, HookRule], list[str]]:
+    def resolve(self, hook_names, param_names=(), role_names=()) -> tuple[dict[str, HookRule], list[str]]:
         """Match the rules against a model's names: {hook name: rule}, [param names].
 
         Each hook takes the first rule that matches it. A rule or params entry that
-        matches nothing is an error naming its line.
+        matches nothing is an error naming its line. `role_names` are the canonical names the
+        spec's roles map (capture.role_points): rules match them too, and a role no rule matches is
+        recorded as float32.
         """
-        hook_names = list(hook_names)
+        role_names = list(role_names)
+        hook_names = list(hook_names) + [n for n in role_names if n not in hook_names]
         chosen: dict[str, HookRule] = {}
         for rule in self.hooks:
             # 'path#k' records element k of a module's tuple output (see capture.py)
@@ -118,6 +138,8 @@ class ProbeSpec:
                 raise UserError(f"{self.source}:{rule.line}: hook pattern {rule.pattern!r} matches no hook of the model")
             for n in hits:
                 chosen.setdefault(n, rule)
+        for n in role_names:
+            chosen.setdefault(n, HookRule(n, "float32"))
         params: list[str] = []
         param_names = list(param_names)
         for pattern, line in zip(self.params, self.param_lines or [0] * len(self.params)):
@@ -151,9 +173,18 @@ def parse_spec(text: str, source: str = "<string>") -> ProbeSpec:
     if not isinstance(probe, dict) or set(probe) - {"name", "description"}:
         extra = sorted(set(probe) - {"name", "description"}) if isinstance(probe, dict) else ["probe"]
         raise UserError(f"{source}:{_line_of(text, extra[0])}: unknown key {extra[0]!r} in [probe]")
+    roles = data.get("roles", {})
+    if not isinstance(roles, dict):
+        raise UserError(f"{source}:{_line_of(text, 'roles')}: roles must be a table [roles]")
+    for key, value in roles.items():
+        if key not in ROLE_KEYS:
+            raise UserError(f"{source}:{_line_of(text, key)}: unknown role {key!r} (roles: {', '.join(ROLE_KEYS)})")
+        ok = isinstance(value, str) and value or (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value))
+        if not ok:
+            raise UserError(f"{source}:{_line_of(text, key)}: role {key} must be a module path or a list of paths")
     raw_hooks = data.get("hooks", [])
-    if not isinstance(raw_hooks, list) or not raw_hooks:
-        raise UserError(f"{source}: a spec needs at least one [[hooks]] entry")
+    if not isinstance(raw_hooks, list) or not (raw_hooks or roles):
+        raise UserError(f"{source}: a spec needs at least one [[hooks]] entry or a [roles] table")
     hooks, cursor = [], 0
     for raw in raw_hooks:
         line = _line_of(text, "[[hooks]]", cursor + 1)
@@ -168,6 +199,8 @@ def parse_spec(text: str, source: str = "<string>") -> ProbeSpec:
             raise UserError(f"{source}:{_line_of(text, 'dtype', line)}: dtype {dtype!r} not one of {', '.join(STORE_DTYPES)}")
         if comp not in COMPRESSIONS:
             raise UserError(f"{source}:{_line_of(text, 'compression', line)}: compression {comp!r} not one of {', '.join(COMPRESSIONS)}")
+        if any(h.pattern == raw["pattern"] for h in hooks):
+            raise UserError(f"{source}:{line}: hook pattern {raw['pattern']!r} appears twice")
         rule = HookRule(raw["pattern"], dtype, comp, raw.get("positions"), raw.get("pos_axis"), line)
         try:
             rule.position_slice()
@@ -188,6 +221,7 @@ def parse_spec(text: str, source: str = "<string>") -> ProbeSpec:
         description=str(probe.get("description", "")),
         source=source,
         param_lines=lines,
+        roles={k: (tuple(v) if isinstance(v, list) else v) for k, v in roles.items()},
     )
 
 
@@ -198,6 +232,8 @@ def load_spec(path) -> ProbeSpec:
         text = path.read_text()
     except OSError as e:
         raise UserError(f"cannot read probe spec {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"probe spec {path} is not UTF-8 text (a TOML file is expected)") from None
     return parse_spec(text, str(path))
 
 

@@ -12,8 +12,10 @@ model produced the activations (its family, architecture and class) are recorded
 """
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import json
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -27,8 +29,8 @@ from tqdm.auto import tqdm
 
 from . import layouts, registry
 from ._version import __version__
-from .capture import capture, hook_names
-from .errors import UserError
+from .capture import capture, hook_names, parameters, readout_modules, role_points
+from .errors import UserError, one_line
 from .models.config import CheckpointConfig, ModelConfig
 from .probe_spec import HookRule, ProbeSpec
 from .recording import BF16, RecordingWriter
@@ -47,6 +49,8 @@ class RecordSummary:
     bytes_written: int
     seconds: float
     resumed_from: int = 0
+    notes: list = field(default_factory=list)
+    """Things the user should know (stochastic modules, readout mismatch, ...)."""
 
     def table(self) -> str:
         lines = [f"recording {self.path}", f"  prompts: {self.n_prompts}" + (f" (resumed at {self.resumed_from})" if self.resumed_from else "")]
@@ -57,6 +61,7 @@ class RecordSummary:
         rate = mb / self.seconds if self.seconds > 0 else float("inf")
         lines.append(f"  activations: {mb:.2f} MiB in {self.seconds:.2f} s ({rate:.1f} MiB/s, "
                      f"{(self.n_prompts - self.resumed_from) / max(self.seconds, 1e-9):.0f} prompts/s)")
+        lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
 
@@ -75,8 +80,14 @@ class _Buffers:
         sl = rule.position_slice()
         if sl is not None:
             idx = [slice(None)] * t.ndim
-            idx[rule.axis_for(name)] = sl
+            axis = rule.axis_for(name)
+            if axis >= t.ndim:
+                raise UserError(f"hook {name}: positions slice axis {axis}, but the activation has shape {tuple(t.shape)}")
+            idx[axis] = sl
             t = t[tuple(idx)]
+            if t.shape[axis] == 0:
+                raise UserError(f"hook {name}: positions {rule.positions!r} select nothing of {tuple(t.shape)} "
+                                f"(axis {axis})")
         t = t.detach()
         if name not in self.arrays:
             store = _TORCH_DTYPES[rule.dtype] if rule.dtype else t.dtype
@@ -125,10 +136,21 @@ class PromptSource:
     task_note: str = "present"
     sha256: str = field(default="")
     """Hash of the user prompt file (identity for --resume)."""
+    gamma: float = math.nan
+    """Discount of the task (NaN: unknown); taken from the config when there is one."""
 
     def __post_init__(self):
         if self.arrays is None and self.config is None:
             raise UserError("a prompt source needs a checkpoint config to sample from, or prompt arrays")
+        if self.config is not None and math.isnan(self.gamma):
+            self.gamma = float(self.config.model.gamma)
+
+    def task_ids(self, start: int, stop: int) -> np.ndarray:
+        """Task identity of prompts start..stop-1: sampled prompts are one task each; a prompt file may say
+        which prompts share a task (its `task_id` array)."""
+        if self.arrays is not None and "prompts/task_id" in self.arrays:
+            return np.asarray(self.arrays["prompts/task_id"][start:stop], dtype=np.int64)
+        return np.arange(start, stop, dtype=np.int64)
 
     @property
     def task_family(self) -> str | None:
@@ -144,7 +166,7 @@ class PromptSource:
             out.update({f"tasks/{k}": v for k, v in pb.tasks.items()})
             out.update({f"reference/{k}": v for k, v in pb.reference.items()})
             return out
-        return {k: v[start:stop] for k, v in self.arrays.items()}
+        return {k: v[start:stop] for k, v in self.arrays.items() if k != "prompts/task_id"}
 
 
 def model_info(model: nn.Module) -> dict:
@@ -172,6 +194,172 @@ def _model_input(batch: dict[str, np.ndarray], dtype: torch.dtype) -> torch.Tens
     return torch.from_numpy(np.ascontiguousarray(batch["prompts/input"]))
 
 
+# ------------------------------------------------------- a model's own output
+def per_prompt_output(y, batch: int, width: int | None, what: str = "the model's output") -> torch.Tensor:
+    """A model's prediction as [batch, k]: [B] -> [B, 1]; [B, k]; [B, pos, k] -> the last position.
+    `width` (the task's reference output width) must equal k when given."""
+    if isinstance(y, (tuple, list)) and y:
+        y = y[0]
+    if not isinstance(y, torch.Tensor):
+        raise UserError(f"{what} is a {type(y).__name__}, not a tensor")
+    shape = tuple(y.shape)
+    if y.ndim == 0 or y.shape[0] != batch or y.ndim > 3:
+        raise UserError(f"{what} has shape {shape}; expected [batch, k] or [batch, pos, k] with batch = {batch}")
+    y = y.reshape(batch, 1) if y.ndim == 1 else (y[:, -1] if y.ndim == 3 else y)
+    if width is not None and y.shape[1] != width:
+        raise UserError(f"{what} has shape {shape}: {y.shape[1]} value(s) per prompt, the task's output has {width} "
+                        f"(return [batch, {width}] or [batch, pos, {width}])")
+    return y.detach()
+
+
+class _Stochastic:
+    """Eval mode for the run, each module's own train/eval flag restored after (dropout would otherwise
+    make two recordings of the same prompts differ)."""
+
+    KINDS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+    def __init__(self, *models: nn.Module):
+        self.modes = [(m, m.training) for model in models for m in model.modules()]
+
+    @staticmethod
+    def note(model: nn.Module) -> str | None:
+        names = [n or type(m).__name__ for n, m in model.named_modules()
+                 if (isinstance(m, _Stochastic.KINDS) and m.p > 0)
+                 or (isinstance(getattr(m, "dropout", None), float) and m.dropout > 0)]  # e.g. nn.MultiheadAttention
+        if not names:
+            return None
+        return (f"the model holds stochastic modules ({', '.join(names[:3])}{' ...' if len(names) > 3 else ''}); "
+                f"recorded in eval mode, its mode restored afterwards")
+
+    def __enter__(self):
+        for m, _ in self.modes:
+            m.training = False
+        return self
+
+    def __exit__(self, *exc):
+        for m, mode in self.modes:
+            m.training = mode
+
+
+SCALE_NAMES = ("w", "weight", "scale", "gamma", "g")
+"""1-D parameters by these names (a LayerNorm's gain, e.g. TransformerLens' `ln1.w`) start at 1 when no
+module resets them; other 1-D parameters (biases) start at 0."""
+
+
+def random_init_copy(model: nn.Module, seed: int) -> tuple[nn.Module, dict]:
+    """The same architecture at random initialization: a deep copy re-initialized under `seed` by every
+    submodule's own `reset_parameters()` (nn.MultiheadAttention: `_reset_parameters()`) and a model-level
+    `init_weights()` where there is one (TransformerLens' HookedTransformer). Parameters none of these
+    owns are redrawn N(0, 1/fan_in) (matrices), or set to 1 (gains, `SCALE_NAMES`) or 0 (biases).
+    Returns (copy, what was done)."""
+    clone = copy.deepcopy(model)
+    covered: set[int] = set()
+    n_reset, redrawn = 0, []
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for module in clone.modules():
+            reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
+            if callable(reset) and any(True for _ in module.parameters(recurse=False)):
+                reset()
+                n_reset += 1
+                covered.update(id(p) for p in module.parameters(recurse=False))
+        for name, p in clone.named_parameters():
+            if id(p) in covered:
+                continue
+            if p.ndim >= 2:
+                p.normal_(0.0, float(p.shape[-1]) ** -0.5)
+            else:
+                p.fill_(1.0 if name.rsplit(".", 1)[-1] in SCALE_NAMES else 0.0)
+            redrawn.append(name)
+        for module in clone.modules():  # a model's own initializer has the last word on what it owns
+            init = getattr(module, "init_weights", None)
+            if callable(init) and hasattr(module, "cfg"):
+                init()
+                n_reset += 1
+    return clone, {"kind": "random-init", "seed": int(seed), "reset_modules": n_reset, "redrawn": redrawn}
+
+
+class _Lens:
+    """The model's readout applied to each layer's residual stream at the last position ('logit lens')."""
+
+    def __init__(self, modules: list[nn.Module], layers: dict[str, int], width: int | None):
+        self.modules, self.layers, self.width = modules, layers, width
+        self.out: dict[int, torch.Tensor] = {}
+
+    def __call__(self, name: str, t: torch.Tensor) -> None:
+        layer = self.layers.get(name)
+        if layer is None or not self.modules:
+            return
+        h = t[:, -1:].detach()
+        for m in self.modules:
+            h = m(h)
+        self.out[layer] = per_prompt_output(h, t.shape[0], self.width, f"the readout of layer {layer}")
+
+
+class _Probe:
+    """One forward pass's hooks: recorded buffers plus the lens."""
+
+    def __init__(self, buffers: _Buffers, lens: _Lens | None):
+        self.buffers, self.lens = buffers, lens
+
+    def __call__(self, name: str, t: torch.Tensor) -> None:
+        if name in self.buffers.rules:
+            self.buffers(name, t)
+        if self.lens is not None:
+            self.lens(name, t)
+
+
+def _forward(model, points, probe: _Probe, x, n: int, width: int | None, keep_output: bool, strict: bool = False):
+    """Run one batch with hooks; returns {dataset suffix: array} of outputs and lens (activations stay
+    in the probe's buffers). `strict`: a user's model that fails on the prompts is a user error."""
+    with torch.no_grad(), capture(model, points, probe):
+        try:
+            y = model(x)
+        except UserError:
+            raise
+        except Exception as e:
+            if not strict:
+                raise
+            raise UserError(f"the model failed on the task's prompts (z of shape {tuple(x.shape)}, dtype "
+                            f"{str(x.dtype).removeprefix('torch.')}): {one_line(e)}") from e
+    missing = [name for name in probe.buffers.rules if probe.buffers.rows.get(name) != n]
+    if missing:
+        raise UserError(f"hooks did not fire during the forward pass: {', '.join(missing)}")
+    probe.buffers.rows.clear()
+    out = {}
+    if keep_output:
+        out["outputs/model"] = per_prompt_output(y, n, width).cpu().numpy()
+    if probe.lens is not None:
+        for layer, v in sorted(probe.lens.out.items()):
+            out[f"lens/{layer}"] = v.cpu().numpy()
+        probe.lens.out.clear()
+    return out
+
+
+MAX_BATCH_BYTES = 8 * 2**30
+"""Refuse a batch whose prompts and task data alone would take more memory than this."""
+
+
+def _check_sizes(source: "PromptSource", batch_size: int) -> None:
+    """Refuse absurd sizes before anything is created, with the memory estimate in the message."""
+    config = source.config
+    if config is None or source.arrays is not None:
+        return
+    task, layout = config.task, registry.get(config.task.family).layout(config.model.d, config.model.m)
+    states = task.n_states * max(task.n_actions, 1)
+    per_prompt = 8 * ((task.n + 1) * layout.d_model * 2 + states * states + states * config.model.d + states)
+    need = per_prompt * batch_size
+    if need > MAX_BATCH_BYTES:
+        fits = max(MAX_BATCH_BYTES // per_prompt, 0)
+        raise UserError(f"a batch of {batch_size} prompts needs ~{need / 2**30:.1f} GiB for prompts and task data "
+                        f"({per_prompt / 2**20:.2f} MiB each); at most {fits} fit in {MAX_BATCH_BYTES // 2**30} GiB: "
+                        f"lower --batch-size or the task sizes")
+
+
+BASELINES = ("random-init", "none")
+"""`record(baseline=...)`: also record the same architecture at random initialization, or not."""
+
+
 def record(
     model: nn.Module,
     out,
@@ -181,93 +369,301 @@ def record(
     resume: bool = False,
     checkpoint_sha256: str = "",
     progress: bool = True,
+    baseline: str = "none",
+    baseline_seed: int = 0,
+    outputs: str = "auto",
 ) -> RecordSummary:
-    """Record `source.n_total` prompts through `model` into the HDF5 file `out`."""
-    if batch_size < 1 or source.n_total < 1:
-        raise UserError("--tasks and --batch-size must be positive")
+    """Record `source.n_total` prompts through `model` into the HDF5 file `out`.
+
+    The model runs in eval mode (each module's mode is restored afterwards). With `baseline='random-init'`
+    the same architecture at random initialization (`random_init_copy`) is recorded on the same prompts
+    under `baseline/`. A model of no registered family also gets its own output (`outputs/model`) and,
+    when it has a readout (role `readout`, or a TransformerLens model's own), the readout of every
+    layer's residual stream (`lens/{l}`). `outputs`: 'require' refuses a model whose output does not fit
+    the task's (`per_prompt_output`), 'auto' records it only when it fits (a note says when not), 'none'
+    never. Everything is checked on the first batch before any file is
+    created, so a refused run leaves nothing behind.
+    """
+    for name, value in (("--tasks", source.n_total), ("--batch-size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise UserError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(source.seed, bool) or not isinstance(source.seed, (int, np.integer)) or source.seed < 0:
+        raise UserError(f"--seed must be a non-negative integer, got {source.seed!r}")
+    if baseline not in BASELINES:
+        raise UserError(f"baseline must be one of {', '.join(BASELINES)}, got {baseline!r}")
+    if outputs not in ("auto", "require", "none"):
+        raise UserError(f"outputs must be 'auto', 'require' or 'none', got {outputs!r}")
+    batch_size = int(min(batch_size, source.n_total))  # a batch never holds more than the run
+    _check_sizes(source, batch_size)
     config = source.config
-    params = dict(model.named_parameters())
-    rules, param_names = spec.resolve(hook_names(model), params)
+    params = parameters(model)
+    points = role_points(model, spec.roles)
+    rules, param_names = spec.resolve(hook_names(model), params, role_names=list(points))
+    points = {name: points.get(name, name) for name in rules}
     layout = prompt_layout(model, config)
     info = model_info(model)
     own = getattr(model, "config", None)
-    n_layers = own.n_layers if isinstance(own, ModelConfig) else 0  # 0: the analyzers count the recorded layers
-    meta = {
-        "task_family": source.task_family or "", "model": info,
-        "layout": layout.to_dict() if layout is not None else None,
-        "probe_spec": spec.to_json(), "checkpoint_config": config.to_dict() if config else None,
-        "checkpoint_sha256": checkpoint_sha256, "n_layers": int(n_layers),
-        "gamma": float(config.model.gamma) if config else float("nan"),
-        "seed": int(source.seed), "batch_size": int(batch_size), "source_sha256": source.sha256,
-        "versions": _versions(), "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "task_data": source.task_note,
-    }
-    writer = RecordingWriter(out, meta, resume=resume)
+    foreign = not isinstance(own, ModelConfig)
+    n_layers = 0 if foreign else own.n_layers  # 0: the analyzers count the recorded layers
+    width = _reference_width(source)
+    resid_layers = {n: int(n.split(".")[1]) for n in rules if n.startswith("blocks.") and n.endswith(".hook_resid_post")}
+    readout = readout_modules(model, spec.roles) if foreign else []
+    notes = [n for n in (_Stochastic.note(model),) if n]
+    if foreign and resid_layers and not readout:
+        notes.append("no readout: give the model's output modules as role 'readout' for the logit lens")
+
+    keep_output = foreign and outputs != "none"
+    if keep_output and outputs == "auto":
+        keep_output = _output_fits(model, source, width, dtype=_dtype_of(params))
+        if not keep_output:
+            notes.append("the model's output does not fit the task's output: not recorded (no outputs/model, no lens)")
+            readout = []
+    base_model, base_info = (random_init_copy(model, baseline_seed) if baseline == "random-init" else (None, None))
+    models = [m for m in (model, base_model) if m is not None]
+    dtype = _dtype_of(params)
+    lens = _Lens(readout, resid_layers, width) if readout else None
+    base_lens = _Lens(readout_modules(base_model, spec.roles), resid_layers, width) if readout and base_model is not None else None
+
+    def run_batch(index: int, probes: tuple[_Probe, _Probe | None]) -> dict:
+        lo, hi = index * batch_size, min((index + 1) * batch_size, source.n_total)
+        data = source.batch(index, lo, hi)
+        x = _model_input(data, dtype)
+        if x.is_floating_point() and not torch.isfinite(x).all():
+            raise UserError(f"prompts {lo}..{hi - 1} contain NaN or Inf")
+        result = {f"acts/{n}": None for n in rules}
+        strict = outputs == "require"
+        result.update(_forward(model, points, probes[0], x, hi - lo, width, keep_output, strict))
+        if base_model is not None:
+            extra = _forward(base_model, points, probes[1], x, hi - lo, width, keep_output, strict)
+            result.update({f"baseline/{k}": v for k, v in extra.items()})
+        for n in rules:
+            result[f"acts/{n}"] = probes[0].buffers.arrays[n][: hi - lo]
+            if base_model is not None:
+                result[f"baseline/acts/{n}"] = probes[1].buffers.arrays[n][: hi - lo]
+        return {**result, **data, "prompts/task_id": source.task_ids(lo, hi)}
+
+    probe_sets = [(_Probe(_Buffers(rules, batch_size), lens),
+                   _Probe(_Buffers(rules, batch_size), base_lens) if base_model is not None else None) for _ in range(2)]
+    with _Stochastic(*models):
+        first = None
+        if not resume:
+            first = run_batch(0, probe_sets[0])  # every check runs before the file exists
+            if lens is not None:
+                diff = float(np.max(np.abs(first[f"lens/{max(lens.layers.values())}"] - first["outputs/model"])))
+                readout_info = {"modules": _paths_of(model, readout), "max_abs_diff_last_layer": diff}
+                if diff > 1e-4 * max(1.0, float(np.max(np.abs(first["outputs/model"])))):
+                    notes.append(f"the readout applied to the last layer differs from the model's output by {diff:.3g}: "
+                                 f"the logit lens is not the model's own readout")
+            else:
+                readout_info = None
+        else:
+            readout_info = None
+        meta = {
+            "task_family": source.task_family or "", "model": info,
+            "layout": layout.to_dict() if layout is not None else None,
+            "probe_spec": spec.to_json(), "checkpoint_config": config.to_dict() if config else None,
+            "checkpoint_sha256": checkpoint_sha256, "n_layers": int(n_layers),
+            "gamma": source.gamma, "seed": int(source.seed), "batch_size": int(batch_size),
+            "source_sha256": source.sha256, "n_total": int(source.n_total),
+            "versions": _versions(), "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "task_data": source.task_note, "roles": {n: p for n, p in points.items() if n != p},
+        }
+        if readout_info is not None:
+            meta["readout"] = readout_info
+        if base_info is not None:
+            meta["baseline"] = base_info
+        writer = RecordingWriter(out, meta, resume=resume)
+        try:
+            summary = _stream(writer, source, batch_size, rules, params, param_names, config, probe_sets, run_batch,
+                              first, progress)
+            path = writer.finish()
+        except BaseException:
+            writer.close()  # the .partial stays for --resume; the final path is never touched
+            raise
+    start_at, shapes, bytes_written, seconds = summary
+    return RecordSummary(path, source.n_total, shapes, bytes_written, seconds, start_at, notes)
+
+
+def _dtype_of(params: dict) -> torch.dtype:
+    return next(iter(params.values())).dtype if params else torch.float32
+
+
+def _output_fits(model: nn.Module, source: "PromptSource", width: int | None, dtype: torch.dtype) -> bool:
+    """Whether the model's output on two prompts has the task's per-prompt shape."""
+    data = source.batch(0, 0, min(2, source.n_total))
+    with _Stochastic(model), torch.no_grad():
+        y = model(_model_input(data, dtype))
     try:
-        start_at = writer.n_done
-        if start_at % batch_size and start_at != source.n_total:
-            raise UserError(f"cannot resume: {start_at} prompts done is not a whole number of batches of {batch_size}")
-        writer.write_static("params", {n: params[n].detach().cpu().double().numpy() for n in param_names})
-        # theta* of the checkpoint's model for the recorded parameter names (none match a foreign model's)
-        writer.write_static("theta_star", config.theta_star(param_names) if config is not None else {})
-        # Two buffer sets: the forward pass of batch i+1 fills one while a writer
-        # thread streams batch i from the other (torch releases the GIL while it
-        # computes, so the write hides behind the forward on a second core).
-        buffer_sets = [_Buffers(rules, batch_size), _Buffers(rules, batch_size)]
-        dtype = next(iter(params.values())).dtype if params else torch.float32
-        bytes_written, t0 = 0, time.perf_counter()
-        batches = range(start_at // batch_size, -(-source.n_total // batch_size))
-        bar = tqdm(total=source.n_total, initial=start_at, unit="prompt", desc="record", disable=not progress)
-        pending = None
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            try:
-                for index in batches:
-                    buffers = buffer_sets[index % 2]
-                    lo, hi = index * batch_size, min((index + 1) * batch_size, source.n_total)
-                    data = source.batch(index, lo, hi)
-                    x = _model_input(data, dtype)
-                    if x.is_floating_point() and not torch.isfinite(x).all():
-                        raise UserError(f"prompts {lo}..{hi - 1} contain NaN or Inf")
-                    with torch.no_grad(), capture(model, list(rules), buffers):
-                        model(x)
-                    missing = [n for n in rules if buffers.rows.get(n) != hi - lo]
-                    if missing:
-                        raise UserError(f"hooks did not fire during the forward pass: {', '.join(missing)}")
-                    buffers.rows.clear()
-                    acts = {f"acts/{n}": buffers.arrays[n][: hi - lo] for n in rules}
-                    bytes_written += sum(a.nbytes for a in acts.values())
-                    if pending is not None:
-                        pending.result()  # one write in flight at most; re-raises its error
-                        bar.update(pending_rows)
-                    pending = pool.submit(writer.write_batch, {**acts, **data}, {f"acts/{n}": buffers.attrs(n) for n in rules})
-                    pending_rows = hi - lo
+        per_prompt_output(y, next(iter(data.values())).shape[0], width)
+    except UserError:
+        return False
+    return True
+
+
+def _paths_of(model: nn.Module, modules: list[nn.Module]) -> list[str]:
+    names = {id(m): n for n, m in model.named_modules()}
+    return [names.get(id(m), type(m).__name__) for m in modules]
+
+
+def _reference_width(source: "PromptSource") -> int | None:
+    """Values per prompt of the task's output (reference/output), None when the task has none."""
+    if source.arrays is not None:
+        ref = source.arrays.get("reference/output")
+        return None if ref is None else int(np.prod(ref.shape[1:]))
+    if source.config is None:
+        return None
+    pb = source.config.sample(1, np.random.default_rng([source.seed, 2**31]))
+    ref = pb.reference.get("output")
+    return None if ref is None else int(np.prod(np.shape(ref)[1:]))
+
+
+def _stream(writer, source, batch_size, rules, params, param_names, config, probe_sets, run_batch, first, progress):
+    """Write every batch from the writer's progress on; returns (start, shapes, bytes, seconds)."""
+    start_at = writer.n_done
+    if start_at % batch_size and start_at != source.n_total:
+        raise UserError(f"cannot resume: {start_at} prompts done is not a whole number of batches of {batch_size}")
+    writer.write_static("params", {n: params[n].detach().cpu().double().numpy() for n in param_names})
+    # theta* of the checkpoint's model for the recorded parameter names (none match a foreign model's)
+    writer.write_static("theta_star", config.theta_star(param_names) if config is not None else {})
+    bytes_written, t0 = 0, time.perf_counter()
+    batches = range(start_at // batch_size, -(-source.n_total // batch_size))
+    bar = tqdm(total=source.n_total, initial=start_at, unit="prompt", desc="record", disable=not progress)
+    pending, pending_rows = None, 0
+    # Two buffer sets: the forward pass of batch i+1 fills one while a writer thread streams batch i
+    # from the other (torch releases the GIL while it computes, so the write hides behind the forward).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        try:
+            for index in batches:
+                probes = probe_sets[index % 2]
+                data = first if (index == 0 and first is not None) else run_batch(index, probes)
+                acts = [k for k in data if k.startswith(("acts/", "baseline/acts/"))]
+                bytes_written += sum(data[k].nbytes for k in acts)
+                attrs = {k: probes[0].buffers.attrs(k.split("acts/", 1)[1]) for k in acts}
                 if pending is not None:
-                    pending.result()
+                    pending.result()  # one write in flight at most; re-raises its error
                     bar.update(pending_rows)
-            finally:
-                if pending is not None:
-                    wait([pending])  # never close the file under a running write
-                bar.close()
-        buffers = buffer_sets[0]
-        seconds = time.perf_counter() - t0
-        shapes = {n: buffers.arrays[n].shape[1:] for n in buffers.arrays} if buffers.arrays else {}
-        path = writer.finish()
-    except BaseException:
-        writer.close()  # the .partial stays for --resume; the final path is never touched
-        raise
-    return RecordSummary(path, source.n_total, shapes, bytes_written, seconds, start_at)
+                pending = pool.submit(writer.write_batch, data, attrs)
+                pending_rows = next(iter(data.values())).shape[0]
+            if pending is not None:
+                pending.result()
+                bar.update(pending_rows)
+        finally:
+            if pending is not None:
+                wait([pending])  # never close the file under a running write
+            bar.close()
+    buffers = probe_sets[0][0].buffers
+    shapes = {n: buffers.arrays[n].shape[1:] for n in buffers.arrays} if buffers.arrays else {}
+    return start_at, shapes, bytes_written, time.perf_counter() - t0
+
+
+# ------------------------------------------------------------- one call
+def task_of(task, options: dict | None = None) -> CheckpointConfig:
+    """A task given as a family name (+ its construct options), a checkpoint directory or a config."""
+    from . import checkpoint, construct
+
+    if isinstance(task, CheckpointConfig):
+        if options:
+            raise UserError("task options go with a family name, not with a checkpoint config")
+        return task
+    if isinstance(task, str) and registry.find(task) is not None:
+        return construct.task_config(task, options)
+    if isinstance(task, (str, Path)) and Path(task).is_dir():
+        if options:
+            raise UserError("task options go with a family name, not with a checkpoint directory")
+        return checkpoint.read(task)[0]
+    raise UserError(f"task {task!r} is neither a registered family ({', '.join(registry.names())}) nor a checkpoint "
+                    f"directory")
+
+
+def spec_for(model: nn.Module, probe=None) -> ProbeSpec:
+    """The probe spec to record `model` with: the one given (a path, a ProbeSpec, or a {role: path} dict),
+    else the model family's shipped spec, else the TransformerLens spec for a TransformerLens model."""
+    from . import probe_spec
+
+    if isinstance(probe, ProbeSpec):
+        return probe
+    if isinstance(probe, dict):
+        return probe_spec.parse_spec("[roles]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in probe.items()),
+                                     "<roles>")
+    if probe is not None:
+        return probe_spec.load_spec(probe)
+    own = getattr(model, "config", None)
+    if isinstance(own, ModelConfig):
+        return probe_spec.shipped_spec(own.family)
+    if any(getattr(m, "hook_dict", None) for m in model.modules()):
+        return probe_spec.shipped_spec(probe_spec.GENERIC)
+    raise UserError(f"{type(model).__name__} is not a TransformerLens model: pass a probe spec whose [roles] map the "
+                    f"residual stream, attention pattern and readout to its modules (docs/byom.md)")
+
+
+def record_model(model: nn.Module, task, out, *, task_options: dict | None = None, probe=None, tasks: int = 512,
+                 batch_size: int = 128, seed: int = 0, baseline: str = "random-init", prompts=None,
+                 resume: bool = False, progress: bool = True) -> RecordSummary:
+    """Record any model on a task: `icrl_interp.record` (docs/byom.md).
+
+    `task` is a registered family name (with `task_options`: the family's construct options), a
+    checkpoint directory or a CheckpointConfig; `prompts` an optional prompt file (.npz / .h5) to record
+    on instead of sampling. The model must take the task's prompts z[batch, pos, d_model] and, unless it
+    is one of the package's models, return the task's output ([batch, k] or [batch, pos, k]).
+    """
+    if not isinstance(model, nn.Module):
+        raise UserError(f"record needs a torch.nn.Module, got {type(model).__name__}")
+    config = task_of(task, task_options)
+    spec = spec_for(model, probe)
+    if prompts is not None:
+        source = load_prompt_file(prompts, config, prompt_layout(model, config))
+    else:
+        source = PromptSource(config=config, n_total=tasks, seed=seed)
+    return record(model, out, spec, source, batch_size=batch_size, resume=resume, progress=progress,
+                  baseline=baseline, outputs="require")
 
 
 # ------------------------------------------------------------- user prompts
-_PROMPT_KEYS = {"z", "input", "state", "action", "reward"}
+_PROMPT_KEYS = {"z", "input", "state", "action", "reward", "task_id", "gamma"}
 _TASK_KEYS = {"P", "r", "phi", "stationary", "values"}
+_REFERENCE_KEYS = {"td_errors", "values", "output", "w", "lam"}
+
+
+def _real(name: str, path: Path, v: np.ndarray, integer: bool = False) -> np.ndarray:
+    """A numeric array of a prompt file, refused when it is complex, non-numeric or (for floats) not finite."""
+    if v.dtype.kind == "c":
+        raise UserError(f"prompt file {path}: {name} is complex; prompts and labels must be real numbers")
+    if v.dtype.kind not in "biuf":
+        raise UserError(f"prompt file {path}: {name} has dtype {v.dtype}, not numbers")
+    if integer:
+        if v.dtype.kind not in "biu":
+            raise UserError(f"prompt file {path}: {name} must hold integers, it has dtype {v.dtype}")
+        return v.astype(np.int64)
+    if not np.all(np.isfinite(v)):
+        raise UserError(f"prompt file {path}: {name} contains NaN or Inf")
+    return v.astype(np.float64)
+
+
+_TASK_AXES = {"P": ("S", "S"), "r": ("S",), "phi": ("S", "d"), "stationary": ("S",), "values": ("S",)}
+"""Per-prompt axes of the task arrays of a prompt file (S: states, d: features)."""
+
+
+def _check_task_shapes(path: Path, tasks: dict[str, np.ndarray]) -> None:
+    """tasks_* arrays agree on the number of states S (and features d)."""
+    sizes: dict[str, tuple[int, str]] = {}
+    for k, v in tasks.items():
+        axes = _TASK_AXES[k]
+        if v.ndim != 1 + len(axes):
+            raise UserError(f"prompt file {path}: tasks_{k} has shape {v.shape}, expected [N, {', '.join(axes)}]")
+        for axis, size in zip(axes, v.shape[1:]):
+            seen = sizes.setdefault(axis, (size, k))
+            if seen[0] != size:
+                raise UserError(f"prompt file {path}: tasks_{k} has {axis} = {size} but tasks_{seen[1]} has {seen[0]}")
 
 
 def load_prompt_file(path, config: CheckpointConfig | None, layout: layouts.PromptLayout | None) -> PromptSource:
-    """Read user prompts from .npz or .h5 (docs/formats.md: arrays z, state, action, reward, tasks_*).
+    """Read user prompts from .npz or .h5 (docs/formats.md, "Prompt files").
 
-    With a checkpoint config the prompts are taken to be its task family's, and that family's
-    reference algorithm (any registered family that has one) is run on them."""
+    Arrays: z [N, pos, d_model]; optional state / action / reward [N, pos]; task_id [N] (prompts with one
+    id share a task: splits and shuffled controls go by it); gamma (scalar); tasks_* (task data);
+    reference_* (the reference algorithm's run: td_errors [N, steps, n], output [N, k], ...). With a task
+    config the prompts are taken to be its task family's: reference arrays the file lacks are computed by
+    that family's reference algorithm, and a gamma in the file must agree with the task's."""
     import hashlib
 
     path = Path(path)
@@ -283,37 +679,59 @@ def load_prompt_file(path, config: CheckpointConfig | None, layout: layouts.Prom
                 f.visititems(lambda k, o: arrays.__setitem__(k.replace("/", "_"), o[()]) if isinstance(o, h5py.Dataset) else None)
         else:
             raise UserError(f"prompt file {path} must be .npz or .h5")
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError) as e:
         raise UserError(f"cannot read prompt file {path}: {e}") from None
-    unknown = set(arrays) - _PROMPT_KEYS - {f"tasks_{k}" for k in _TASK_KEYS}
+    unknown = set(arrays) - _PROMPT_KEYS - {f"tasks_{k}" for k in _TASK_KEYS} - {f"reference_{k}" for k in _REFERENCE_KEYS}
     if unknown:
         raise UserError(f"prompt file {path}: unknown arrays {', '.join(sorted(unknown))}")
     key = "z" if "z" in arrays else "input" if "input" in arrays else None
     if key is None:
         raise UserError(f"prompt file {path} has no 'z' array (prompts [N, pos, d_model])")
+    gamma = math.nan
+    if "gamma" in arrays:
+        g = _real("gamma", path, np.asarray(arrays.pop("gamma")))
+        if g.size != 1 or not 0.0 <= float(g.reshape(-1)[0]) <= 1.0:
+            raise UserError(f"prompt file {path}: gamma must be one number in [0, 1], got {g.reshape(-1)[:3]}")
+        gamma = float(g.reshape(-1)[0])
+        if config is not None and not math.isclose(gamma, config.model.gamma, rel_tol=0, abs_tol=1e-12):
+            raise UserError(f"prompt file {path}: gamma {gamma} disagrees with the task's gamma {config.model.gamma} "
+                            f"(pass --gamma {gamma})")
     main = arrays[key]
+    if main.ndim == 0 or main.shape[0] == 0:
+        raise UserError(f"prompt file {path}: {key} holds no prompts")
     N = main.shape[0]
     if key == "z":
+        main = _real("z", path, main)
         if main.ndim != 3:
             raise UserError(f"prompt file {path}: z has shape {main.shape}, expected [N, pos, d_model]")
+        if main.shape[1] < 2:
+            raise UserError(f"prompt file {path}: z has {main.shape[1]} position(s); a prompt needs context columns and a query")
         if layout is not None and main.shape[2] != layout.d_model:
-            raise UserError(f"prompt file {path}: z has d_model {main.shape[2]}, the checkpoint's layout has {layout.d_model}")
-        if not np.all(np.isfinite(main)):
-            raise UserError(f"prompt file {path}: z contains NaN or Inf")
+            raise UserError(f"prompt file {path}: z has d_model {main.shape[2]}, the task's layout has {layout.d_model}")
     for k, v in arrays.items():
-        if v.shape[:1] != (N,):
-            raise UserError(f"prompt file {path}: {k} has {v.shape[0] if v.ndim else 0} rows, z has {N}")
+        if v.ndim == 0 or v.shape[:1] != (N,):
+            raise UserError(f"prompt file {path}: {k} has {v.shape[0] if v.ndim else 0} rows, {key} has {N}")
         if k in ("state", "action", "reward") and key == "z" and v.shape != main.shape[:2]:
             raise UserError(f"prompt file {path}: {k} has shape {v.shape}, expected {main.shape[:2]}")
-    out = {f"prompts/{key}": main.astype(np.float64) if key == "z" else main}
+    out = {f"prompts/{key}": main}
     pos = main.shape[1] if main.ndim > 1 else 0
     for label, fill in (("state", -1), ("action", -1), ("reward", 0.0)):
         if key == "z":
-            out[f"prompts/{label}"] = arrays.get(label, np.full((N, pos), fill, dtype=np.int64 if fill == -1 else np.float64))
-    present = [k for k in _TASK_KEYS if f"tasks_{k}" in arrays]
-    out.update({f"tasks/{k}": arrays[f"tasks_{k}"] for k in present})
+            given = arrays.get(label)
+            out[f"prompts/{label}"] = (_real(label, path, given, integer=fill == -1) if given is not None else
+                                       np.full((N, pos), fill, dtype=np.int64 if fill == -1 else np.float64))
+    if "task_id" in arrays:
+        ids = _real("task_id", path, arrays["task_id"], integer=True)
+        if ids.shape != (N,) or ids.min() < 0:
+            raise UserError(f"prompt file {path}: task_id must be N non-negative integers, one per prompt")
+        out["prompts/task_id"] = ids
+    present = [k for k in sorted(_TASK_KEYS) if f"tasks_{k}" in arrays]
+    out.update({f"tasks/{k}": _real(f"tasks_{k}", path, arrays[f"tasks_{k}"]) for k in present})
+    _check_task_shapes(path, {k: out[f"tasks/{k}"] for k in present})
     note = "present" if len(present) == len(_TASK_KEYS) else (
-        "absent: the prompt file has no task arrays" if not present else f"partial: only {', '.join(sorted(present))}")
+        "absent: the prompt file has no task arrays" if not present else f"partial: only {', '.join(present)}")
+    given_ref = {k: _real(f"reference_{k}", path, arrays[f"reference_{k}"]) for k in sorted(_REFERENCE_KEYS)
+                 if f"reference_{k}" in arrays}
     family = registry.get(config.task.family) if config is not None else None
     if family is not None and family.reference is not None and key == "z":
         # the prompts are the task family's: its reference algorithm reads everything it needs off them
@@ -323,8 +741,14 @@ def load_prompt_file(path, config: CheckpointConfig | None, layout: layouts.Prom
                             f"have {task_layout.d_model}")
         ref = family.reference(out["prompts/z"], config.model, config.constants)
         out.update({f"reference/{k}": np.asarray(v) for k, v in ref.items()})
+    for k, v in given_ref.items():
+        computed = out.get(f"reference/{k}")
+        if computed is not None and computed.shape != v.shape:
+            raise UserError(f"prompt file {path}: reference_{k} has shape {v.shape}, the task's reference gives "
+                            f"{computed.shape}")
+        out[f"reference/{k}"] = v  # the file's own reference run wins
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return PromptSource(config=config, arrays=out, n_total=N, seed=0, task_note=note, sha256=digest)
+    return PromptSource(config=config, arrays=out, n_total=N, seed=0, task_note=note, sha256=digest, gamma=gamma)
 
 
 def summary_json(summary: RecordSummary) -> str:

@@ -16,11 +16,23 @@ SWMR mode once all datasets exist (so a kill at any moment leaves a readable
 file), records the number of finished prompts in `/progress` after each flushed
 batch, and moves the file into place with `os.replace` only after setting
 `complete = true`. A resumed writer truncates every dataset to `/progress`.
+
+Integrity (docs/integrity.md, "Truncated and corrupt recordings"): before HDF5 sees a
+file, `check_whole` compares its size with the end-of-file address of the HDF5 superblock
+and checks the superblock's checksum; the file is then opened plainly (never in SWMR mode,
+whose reader retries a bad metadata read for minutes), so HDF5 verifies each metadata
+checksum once. HDF5's global heaps (where variable-length strings live) have no checksum,
+and a corrupt one can send HDF5 into an endless loop, so the writer stores their SHA-256
+(`integrity` attribute) and `Recording` checks them before reading any string, then reads
+every object header and chunk index once.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import mmap
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Iterator
 
@@ -28,7 +40,7 @@ import h5py
 import numpy as np
 
 from .errors import UserError
-from .files import json_clean
+from .files import fsync_dir, json_clean
 
 SCHEMA = "icrl_interp.recording/2"
 """Schema written by `RecordingWriter`."""
@@ -39,6 +51,14 @@ LEGACY_NO_FAMILY = ("", "generic")
 """Schema-1 `family` values that named no family (a model of no known family, prompts of no task)."""
 CHUNK_MIN, CHUNK_MAX = 10 * 1024, 1024 * 1024
 BF16 = "bfloat16"
+INTEGRITY = "integrity"
+"""Root attribute: SHA-256 of each HDF5 global heap collection (docs/formats.md, Recordings)."""
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+HDF5_ERRORS = (OSError, KeyError, RuntimeError)
+"""What h5py raises for corrupt metadata (opening a file, an object, visiting a group)."""
+WRITE_FLAGS = 0x1 | 0x4
+"""Superblock consistency flags "open for writing" and "open for SWMR writing": set while a writer
+has the file open, and left set by a writer that was killed."""
 
 
 def partial_path(path) -> Path:
@@ -72,6 +92,191 @@ def bf16_to_float32(raw: np.ndarray) -> np.ndarray:
     return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+# ------------------------------------------------------------------ integrity
+@dataclass(frozen=True)
+class Superblock:
+    """The fixed-layout fields of an HDF5 superblock that tell whether a file is whole.
+
+    Field offsets: the HDF5 file format specification, "Superblock" (versions 0 to 3), as
+    summarised in docs/integrity.md.
+    """
+
+    at: int  # where the signature is: 0, or 512, 1024, ... after a user block
+    version: int
+    flags: int  # file consistency flags (WRITE_FLAGS)
+    lengths: int  # bytes of a length field
+    eof: int  # end-of-file address: the size HDF5 recorded when it last wrote the superblock
+    raw: bytes  # versions 2 and 3: the superblock, ending in its checksum; b"" for 0 and 1
+
+    def checksum_ok(self) -> bool:
+        return not self.raw or lookup3(self.raw[:-4]) == int.from_bytes(self.raw[-4:], "little")
+
+
+def read_superblock(path) -> Superblock | None:
+    """The superblock of an HDF5 file, or None when there is no HDF5 signature."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            at = 0
+            while at + 8 <= size:  # HDF5 looks for its signature at 0, 512, 1024, 2048, ...
+                f.seek(at)
+                head = f.read(96)  # the longest superblock prefix needed (16-byte addresses)
+                if head[:8] == HDF5_SIGNATURE:
+                    break
+                at = 512 if at == 0 else 2 * at
+            else:
+                return None
+    except OSError as e:
+        raise UserError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if len(head) < 16:
+        raise UserError(f"{path}: truncated HDF5 file (it ends inside its superblock)")
+    version = head[8]
+    if version in (0, 1):
+        o, lengths, flags, base = head[13], head[14], int.from_bytes(head[20:24], "little"), 24 + 4 * version
+    elif version in (2, 3):
+        o, lengths, flags, base = head[9], head[10], head[11], 12
+    else:
+        raise UserError(f"{path}: corrupt HDF5 file (unknown superblock version {version})")
+    end = base + (4 if version >= 2 else 3) * o + (4 if version >= 2 else 0)
+    if o not in (2, 4, 8, 16) or len(head) < end:
+        raise UserError(f"{path}: corrupt or truncated HDF5 file (unreadable superblock)")
+    eof = int.from_bytes(head[base + 2 * o : base + 3 * o], "little")  # after the base and one more address
+    return Superblock(at, version, flags, lengths, eof, head[:end] if version >= 2 else b"")
+
+
+def check_whole(path) -> Superblock:
+    """Refuse a file that is not a whole HDF5 file, before HDF5 opens it (a UserError naming it).
+
+    Truncation: HDF5 records the file's end in the superblock each time it writes it; a file
+    shorter than that lost its tail. The superblock of versions 2 and 3 carries a checksum.
+    """
+    sb = read_superblock(path)
+    if sb is None:
+        raise UserError(f"{path}: not an HDF5 file (no HDF5 signature)")
+    if not sb.checksum_ok():
+        raise UserError(f"{path}: corrupt HDF5 file (superblock checksum mismatch)")
+    size = os.path.getsize(path)
+    if size < sb.eof:
+        raise UserError(f"{path}: truncated HDF5 file ({size} bytes; its superblock records {sb.eof})")
+    return sb
+
+
+def clear_write_flags(path, sb: Superblock) -> None:
+    """Clear the "open for writing" flags a killed SWMR writer left, as `h5clear -s -i` does.
+
+    With the flags set HDF5 opens the file only in SWMR mode, whose reader retries a failing
+    metadata read for minutes instead of failing; cleared, a plain open checks everything
+    once. The end-of-file address is raised to the file's size, so chunks written after the
+    superblock was last flushed stay addressable.
+    """
+    if len(sb.raw) < 12:
+        raise UserError(f"{path}: left open by a writer, and its superblock (version {sb.version}) cannot be repaired")
+    o = sb.raw[9]
+    raw = bytearray(sb.raw)
+    raw[11] = sb.flags & ~WRITE_FLAGS
+    raw[12 + 2 * o : 12 + 3 * o] = max(sb.eof, os.path.getsize(path)).to_bytes(o, "little")
+    raw[-4:] = lookup3(bytes(raw[:-4])).to_bytes(4, "little")
+    with open(path, "r+b") as f:
+        f.seek(sb.at)
+        f.write(raw)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _rot(x: int, k: int) -> int:
+    return ((x << k) | (x >> (32 - k))) & _M32
+
+
+def lookup3(data: bytes, initval: int = 0) -> int:
+    """Bob Jenkins' lookup3 `hashlittle`, the checksum of HDF5 metadata (superblock v2/v3)."""
+    M = _M32
+    a = b = c = (0xDEADBEEF + len(data) + initval) & M
+    if not data:
+        return c
+    data = data + bytes(-len(data) % 12)  # a zero-padded last block adds what lookup3's tail switch adds
+    w = [int.from_bytes(data[i : i + 4], "little") for i in range(0, len(data), 4)]
+    for i in range(0, len(w) - 3, 3):  # every block but the last: add, then mix
+        a, b, c = (a + w[i]) & M, (b + w[i + 1]) & M, (c + w[i + 2]) & M
+        a = ((a - c) & M) ^ _rot(c, 4)
+        c = (c + b) & M
+        b = ((b - a) & M) ^ _rot(a, 6)
+        a = (a + c) & M
+        c = ((c - b) & M) ^ _rot(b, 8)
+        b = (b + a) & M
+        a = ((a - c) & M) ^ _rot(c, 16)
+        c = (c + b) & M
+        b = ((b - a) & M) ^ _rot(a, 19)
+        a = (a + c) & M
+        c = ((c - b) & M) ^ _rot(b, 4)
+        b = (b + a) & M
+    a, b, c = (a + w[-3]) & M, (b + w[-2]) & M, (c + w[-1]) & M  # the last block: add, then final
+    c = ((c ^ b) - _rot(b, 14)) & M
+    a = ((a ^ c) - _rot(c, 11)) & M
+    b = ((b ^ a) - _rot(a, 25)) & M
+    c = ((c ^ b) - _rot(b, 16)) & M
+    a = ((a ^ c) - _rot(c, 4)) & M
+    b = ((b ^ a) - _rot(a, 14)) & M
+    c = ((c ^ b) - _rot(b, 24)) & M
+    return c
+
+
+def global_heaps(path) -> list[list]:
+    """[[offset, size, sha256], ...] of each HDF5 global heap collection in the file.
+
+    A collection starts with "GCOL", version 1, three reserved bytes and its size (format
+    specification, "Global Heap"). Bytes that merely look like one (in data) get a digest
+    too; that is harmless, as they do not change either.
+    """
+    lengths = read_superblock(path).lengths
+    out = []
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        at = mm.find(b"GCOL\x01")
+        while at >= 0:
+            size = int.from_bytes(mm[at + 8 : at + 8 + lengths], "little")
+            if 16 <= size <= len(mm) - at:
+                out.append([at, size, hashlib.sha256(mm[at : at + size]).hexdigest()])
+            at = mm.find(b"GCOL\x01", at + 1)
+    return out
+
+
+def seal(f: h5py.File) -> None:
+    """Store the digests of the global heaps (`INTEGRITY`), once every string attribute exists.
+
+    As fixed-length bytes, the attribute lives in HDF5's checksummed attribute storage, not
+    in a global heap itself.
+    """
+    f.flush()
+    f.attrs[INTEGRITY] = np.bytes_(json.dumps({"global_heaps": global_heaps(f.filename)}).encode())
+    f.flush()
+
+
+def check_sealed(f: h5py.File, path) -> None:
+    """Compare the global heaps with their digests (a file without `INTEGRITY` passes: older
+    versions did not write it). Call before reading any string attribute."""
+    raw = _attr(f, INTEGRITY)
+    if raw is None:
+        return
+    try:
+        heaps = [(int(a), int(n), str(d)) for a, n, d in json.loads(raw)["global_heaps"]]
+    except (ValueError, TypeError, KeyError):
+        raise UserError(f"{path}: corrupt recording (unreadable {INTEGRITY} attribute)") from None
+    with open(path, "rb") as fh:
+        for at, size, digest in heaps:
+            fh.seek(at)
+            if hashlib.sha256(fh.read(size)).hexdigest() != digest:
+                raise UserError(f"{path}: corrupt recording (the HDF5 global heap at byte {at}, which holds its "
+                                "string attributes, changed since it was written)")
+
+
+def _reason(e: BaseException) -> str:
+    """HDF5's complaint, one line."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
 def _json_attr(value) -> str:
     return json.dumps(json_clean(value), sort_keys=True)
 
@@ -80,11 +285,14 @@ class RecordingWriter:
     """Append batches of prompts to `<path>.partial`; `finish()` moves it to `path`.
 
     `meta` holds the root attributes (JSON-able values; dicts are stored as JSON text).
-    `identity` keys of meta must match when resuming (spec, checkpoint hash, seed, ...).
+    `IDENTITY` keys of meta must match when resuming (spec, checkpoint hash, seed, ...). With
+    `n_total` (prompts requested) in meta, `finish()` publishes only a file holding that many.
     """
 
     IDENTITY = ("schema", "task_family", "model", "probe_spec", "checkpoint_sha256", "seed", "batch_size",
-                "source_sha256")
+                "source_sha256", "n_total")
+    OPTIONAL_IDENTITY = ("n_total",)
+    """Identity keys that partial files of older versions lack (then not compared)."""
 
     def __init__(self, path, meta: dict, resume: bool = False):
         self.path = Path(path)
@@ -110,31 +318,28 @@ class RecordingWriter:
 
     # ------------------------------------------------------------ resume
     def _open_for_resume(self) -> None:
-        # A writer killed in SWMR mode leaves the file's "open for write" flags set, so
-        # it cannot be reopened for writing; SWMR *reading* works. Copy the finished
-        # rows into a fresh file beside it, then swap it in: the old partial stays
-        # intact until the copy is complete.
-        try:
-            src = h5py.File(self.partial, "r", libver="latest", swmr=True)
-        except OSError as e:
-            raise UserError(f"cannot resume: {self.partial} is not a readable HDF5 file ({e})") from None
+        # Copy the finished rows into a fresh file beside the partial, then swap it in: the
+        # old partial stays intact until the copy is complete.
+        src = self._open_partial()
         fresh = self.partial.with_name(self.partial.name + ".resume")
         try:
-            for key in self.IDENTITY:
-                if key in self.meta:
-                    want = self.meta[key]
-                    want = want if isinstance(want, (str, int, float, bool)) else _json_attr(want)
-                    if _attr(src, key) != want:
-                        raise UserError(f"cannot resume {self.partial}: it was recorded with a different {key}")
+            self._check_identity(src)
+            if "progress" not in src:
+                raise UserError(f"cannot resume: {self.partial} has no /progress (not a partial recording)")
             self.n_done = int(src["progress"][0])
             with h5py.File(fresh, "w", libver="latest") as dst:
                 for k, v in src.attrs.items():
-                    dst.attrs[k] = v
+                    if k != INTEGRITY:  # describes the old file's bytes; the copy is sealed anew
+                        dst.attrs[k] = v
                 for name in src:
                     src.copy(src[name], dst, name=name)
                 for _, ds in self._datasets(dst):
+                    # rows past /progress belong to a batch the killed writer never vouched for
                     if ds.maxshape[0] is None and ds.shape[0] != self.n_done:
                         ds.resize(self.n_done, axis=0)
+        except HDF5_ERRORS as e:
+            fresh.unlink(missing_ok=True)
+            raise UserError(f"cannot resume: {self.partial} is corrupt ({_reason(e)})") from None
         except BaseException:
             fresh.unlink(missing_ok=True)
             raise
@@ -143,7 +348,40 @@ class RecordingWriter:
         os.replace(fresh, self.partial)
         self._f = h5py.File(self.partial, "r+", libver="latest")
         if "acts" in self._f:
+            seal(self._f)  # the copy has new global heaps
             self._f.swmr_mode = True
+
+    def _open_partial(self) -> h5py.File:
+        """The partial file, open for reading once it passed the integrity checks. A writer killed
+        in SWMR mode leaves the "open for writing" flags set; they are cleared first, so that
+        the file opens plainly and a corrupt one fails at once (docs/integrity.md)."""
+        src = None
+        try:
+            sb = check_whole(self.partial)
+            if sb.flags & WRITE_FLAGS:
+                clear_write_flags(self.partial, sb)
+            src = h5py.File(self.partial, "r")
+            check_sealed(src, self.partial)
+            return src
+        except UserError as e:
+            message = str(e)
+        except HDF5_ERRORS as e:
+            message = f"{self.partial}: not a readable HDF5 file ({_reason(e)})"
+        if src is not None:
+            src.close()
+        raise UserError(f"cannot resume: {message}")
+
+    def _check_identity(self, src: h5py.File) -> None:
+        for key in self.IDENTITY:
+            if key not in self.meta or (key in self.OPTIONAL_IDENTITY and key not in src.attrs):
+                continue
+            want = self.meta[key]
+            want = want if isinstance(want, (str, int, float, bool)) else _json_attr(want)
+            have = _attr(src, key)
+            if have != want:
+                scalars = all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in (have, want))
+                values = f" ({have} there, {want} now)" if scalars else ""
+                raise UserError(f"cannot resume {self.partial}: it was recorded with a different {key}{values}")
 
     @staticmethod
     def _datasets(f: h5py.File) -> list[tuple[str, h5py.Dataset]]:
@@ -173,7 +411,7 @@ class RecordingWriter:
             )
             for k, v in attrs.get(path, {}).items():
                 ds.attrs[k] = v
-        self._f.flush()
+        seal(self._f)  # every string attribute exists now; SWMR mode adds none
         self._f.swmr_mode = True
 
     def write_batch(self, batches: dict[str, np.ndarray], attrs: dict[str, dict] | None = None) -> None:
@@ -207,23 +445,26 @@ class RecordingWriter:
             ds.id.write_direct_chunk((self.n_done + i, *zeros), arr[i : i + rows])
 
     def finish(self) -> Path:
-        """Mark complete and move into place atomically."""
+        """Mark complete and move into place atomically: the data reaches the disk (fsync) before
+        the rename, the rename before the directory's fsync."""
+        n_total = self.meta.get("n_total")
+        if n_total is not None and self.n_done != n_total:
+            raise UserError(f"{self.partial}: {self.n_done} of {n_total} prompts written; "
+                            "a recording is published only when complete")
         self._f.close()
+        self._f = None
         with h5py.File(self.partial, "r+") as f:
             f.attrs["complete"] = True
             f.attrs["n_prompts"] = self.n_done
+            if INTEGRITY not in f.attrs:  # no batch was written, so it never went to SWMR mode
+                seal(f)
         fd = os.open(self.partial, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(self.partial, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        self._f = None
+        fsync_dir(self.path.parent)
         return self.path
 
     def close(self) -> None:
@@ -239,35 +480,71 @@ def _attr(f, key, default=None):
     return v.decode() if isinstance(v, bytes) else v
 
 
-def _open_read(path) -> h5py.File:
+def open_checked(path) -> h5py.File:
+    """An HDF5 file opened for reading once it passed the integrity checks (docs/integrity.md,
+    "Truncated and corrupt recordings"); a UserError names the file if it is truncated, corrupt
+    or still marked open by a writer. Read a recording's attributes through this, not h5py.File.
+    """
+    sb = check_whole(path)
+    if sb.flags & WRITE_FLAGS:
+        # its writer is still running or was killed; only `record --resume` opens such a file
+        raise UserError(f"{path}: recording is incomplete (complete=false, still open by a writer or left by a "
+                        "killed one); finish it with --resume")
     try:
-        return h5py.File(path, "r")
-    except OSError:
-        # a .partial left by a killed SWMR writer still reads in SWMR mode
-        return h5py.File(path, "r", libver="latest", swmr=True)
+        # a plain open: HDF5 checks each metadata checksum once (SWMR mode would retry for minutes)
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise UserError(f"{path}: not an HDF5 file (or a corrupt one: {_reason(e)})") from None
+    try:
+        check_sealed(f, path)  # before any string attribute is read
+    except HDF5_ERRORS as e:
+        f.close()
+        raise UserError(f"{path}: corrupt HDF5 file ({_reason(e)})") from None
+    except BaseException:
+        f.close()
+        raise
+    return f
 
 
 class Recording:
-    """Lazy read access to a finished recording. Use as a context manager or call close()."""
+    """Lazy read access to a finished recording. Use as a context manager or call close().
+
+    Opening checks that the file is whole (`open_checked`) and reads all its metadata once, so a
+    truncated or corrupt file is a one-line UserError at once (docs/integrity.md)."""
 
     def __init__(self, path, allow_incomplete: bool = False):
         self.path = Path(path)
         if not self.path.exists():
             raise UserError(f"{self.path}: no such recording")
+        self.f = open_checked(self.path)
         try:
-            self.f = _open_read(self.path)
-        except OSError:
-            raise UserError(f"{self.path}: not an HDF5 file (or a corrupt one)") from None
+            self._check(allow_incomplete)
+        except HDF5_ERRORS as e:
+            self.f.close()
+            raise UserError(f"{self.path}: corrupt HDF5 file ({_reason(e)})") from None
+        except BaseException:
+            self.f.close()
+            raise
+
+    def _check(self, allow_incomplete: bool) -> None:
         schema = _attr(self.f, "schema")
         if schema not in READABLE:
-            self.f.close()
             found = "no schema attribute" if schema is None else f"schema {schema!r}"
             raise UserError(f"{self.path}: not an icrl_interp recording ({found}; expected "
                             f"{' or '.join(map(repr, READABLE))})")
         self.schema = schema
         if not allow_incomplete and not bool(_attr(self.f, "complete", False)):
-            self.f.close()
             raise UserError(f"{self.path}: recording is incomplete (complete=false); finish it with --resume")
+
+        # Read every object header, attribute and chunk index now: HDF5 checksums them, so
+        # corrupt metadata fails here, in milliseconds, not halfway through an analysis.
+        def touch(_, obj):
+            for key in obj.attrs:
+                obj.attrs[key]
+            if isinstance(obj, h5py.Dataset) and obj.chunks:
+                obj.id.get_num_chunks()
+
+        self.f.visititems(touch)
 
     def __enter__(self):
         return self
@@ -372,23 +649,27 @@ class Recording:
     def _decode(ds: h5py.Dataset, raw: np.ndarray) -> np.ndarray:
         return bf16_to_float32(raw) if ds.attrs.get("dtype") == BF16 else raw
 
+    def _rows(self, ds: h5py.Dataset, start: int = 0, stop: int | None = None) -> np.ndarray:
+        try:
+            return ds[()] if ds.ndim == 0 else self._decode(ds, ds[start:stop])
+        except OSError as e:  # e.g. a chunk address past the end of the file
+            raise UserError(f"{self.path}: corrupt HDF5 data in {ds.name} ({_reason(e)})") from None
+
     def read(self, hook: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Prompts [start, stop) of one hook (bfloat16 comes back as float32)."""
-        ds = self._act(hook)
-        return self._decode(ds, ds[start:stop])
+        return self._rows(self._act(hook), start, stop)
 
     def array(self, path: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Any dataset by path ('/prompts/state', '/tasks/values', ...), rows [start, stop)."""
         if path not in self.f:
             raise UserError(f"{self.path}: recording has no {path}")
-        ds = self.f[path]
-        return ds[()] if ds.ndim == 0 else self._decode(ds, ds[start:stop])
+        return self._rows(self.f[path], start, stop)
 
     def group(self, name: str) -> dict[str, np.ndarray]:
         """A small group read whole ('params', 'theta_star')."""
         if name not in self.f:
             return {}
-        return {k: v[()] for k, v in self.f[name].items()}
+        return {k: self._rows(v) for k, v in self.f[name].items()}
 
     def iter_batches(self, hooks=None, batch_size: int = 1024, extra=()) -> Iterator[dict[str, np.ndarray]]:
         """Dicts {hook or path: rows} of `batch_size` prompts at a time, never the whole file."""

@@ -168,6 +168,42 @@ def _truncate(keep):
     return edit
 
 
+def _cut(name: str, keep):
+    """Keep the first keep(size) bytes of a checkpoint file."""
+    def edit(ck: Path):
+        raw = (ck / name).read_bytes()
+        (ck / name).write_bytes(raw[: keep(len(raw))])
+    return edit
+
+
+def _flip(offset):
+    """Flip one byte of model.safetensors (offset(size, header length) -> where)."""
+    def edit(ck: Path):
+        raw = bytearray((ck / "model.safetensors").read_bytes())
+        raw[offset(len(raw), int.from_bytes(raw[:8], "little"))] ^= 0x5A
+        (ck / "model.safetensors").write_bytes(bytes(raw))
+    return edit
+
+
+def _header(change):
+    """Rewrite the safetensors header JSON (change(header dict) -> new header, dict or raw bytes)."""
+    def edit(ck: Path):
+        raw = (ck / "model.safetensors").read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        head = change(json.loads(raw[8 : 8 + n]))
+        head = head if isinstance(head, bytes) else json.dumps(head).encode()
+        (ck / "model.safetensors").write_bytes(len(head).to_bytes(8, "little") + head + raw[8 + n :])
+    return edit
+
+
+def _first_tensor(header, **changes):
+    name = next(k for k in header if k != "__metadata__")
+    return {**header, name: {**header[name], **changes}}
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
 def _replace_dir_with_file(data: bytes):
     def edit(ck: Path):
         for p in ck.iterdir():
@@ -239,6 +275,24 @@ BAD = {
     "weights-are-pickle": (_write("model.safetensors", PICKLE + b"\0" * 64), ["pickle", "never loaded"]),
     "weights-are-evil-pickle": (_write("model.safetensors", EVIL), ["not a safetensors file"]),
     "weights-garbage": (_write("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00not-json-at-all!"), ["not a safetensors file"]),
+    # corrupt and truncated files (docs/integrity.md, "One-line errors")
+    "weights-empty": (_cut("model.safetensors", lambda n: 0), ["truncated"]),
+    "weights-cut-after-length": (_cut("model.safetensors", lambda n: 9), ["truncated"]),
+    "weights-cut-in-half": (_cut("model.safetensors", lambda n: n // 2), ["truncated"]),
+    "weights-last-byte-cut": (_cut("model.safetensors", lambda n: n - 1), ["truncated"]),
+    "header-length-flipped": (_flip(lambda n, h: 3), ["truncated or not a safetensors file"]),
+    "header-brace-flipped": (_flip(lambda n, h: 8), ["not a safetensors file"]),
+    "header-offsets-flipped": (_header(lambda h: _first_tensor(h, data_offsets=[0, 10**30])), ["truncated or padded"]),
+    "header-dtype-a-list": (_header(lambda h: _first_tensor(h, dtype=["F64"])), ["dtype"]),
+    "header-shape-mismatch": (_header(lambda h: _first_tensor(h, shape=[3, 3])), ["could not be read as safetensors"]),
+    "header-deeply-nested": (_header(lambda h: DEEP), ["not a safetensors file"]),
+    "config-empty": (_cut("config.json", lambda n: 0), ["config.json", "not valid JSON"]),
+    "config-cut-in-half": (_cut("config.json", lambda n: n // 2), ["config.json", "not valid JSON"]),
+    "config-last-byte-cut": (_cut("config.json", lambda n: n - 2), ["config.json", "not valid JSON"]),
+    "config-not-utf8": (_write("config.json", b'{"format_version": "\xff\xfe"}'), ["config.json", "not valid JSON"]),
+    "config-deeply-nested": (_write("config.json", DEEP), ["config.json", "nested too deeply"]),
+    "config-deeply-nested-inside": (lambda ck: _edit_config(origin=0)(ck) or (ck / "config.json").write_bytes(
+        (ck / "config.json").read_bytes().replace(b'"origin": 0', b'"origin": ' + DEEP)), ["config.json", "nested too deeply"]),
 }
 
 

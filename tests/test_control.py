@@ -120,6 +120,7 @@ def test_normal_rewards_and_mdp_stream_are_seeded():
 
 def test_cli_writes_json_and_prints_table(ckpts, tmp_path, capsys):
     out = tmp_path / "sub" / "res.json"
+    out.parent.mkdir()  # commands create no missing parent directories
     fig = tmp_path / "ret.png"
     code = main(["control", str(ckpts["ac"]), "--mdps", "3", "--steps", "4", "--seed", "2", "--json", str(out),
                  "--figure", str(fig), "--no-progress"])
@@ -177,3 +178,30 @@ def test_divergence_is_recorded_not_fatal():
     np.testing.assert_allclose(trace.params[0], 0.5)
     assert np.all(np.isnan(trace.agreement[1, 2:])) and not np.any(np.isnan(trace.agreement[[0, 2, 3]]))
     assert np.all(np.isfinite(trace.returns))
+
+
+@pytest.mark.parametrize("family", ["sarsa", "actor-critic"])
+def test_theta_star_on_random_features_tracks_the_teacher_exactly(tmp_path, family):
+    """With a random feature map the held-out MDPs get their own features (stream 2 of the seed), the rule acts
+    on them, and theta* still reproduces the teacher to rounding."""
+    opts = {"states": 3, "actions": 2, "n": 16, "d": 4, "sa_features": "gaussian"}
+    if family == "actor-critic":
+        opts.update(alpha=20.0, critic_step=0.1)
+    ck = construct(family, opts, tmp_path / family)
+    res = control.run_checkpoint(ck, control.ControlConfig(**SMALL), progress=False)
+    assert res["tracking"]["rel_param_distance_max"] < 1e-12 and res["tracking"]["greedy_agreement_min"] == 1.0
+    config, _ = checkpoint.read(ck)
+    algo = control.algorithm_for(config)
+    mdp = control.draw_mdps(control.ControlConfig(**SMALL), algo)
+    hot = control.draw_mdps(control.ControlConfig(**SMALL), sarsa.Control(3, 2, 0.5, 1.0, 1.0))
+    np.testing.assert_array_equal(mdp.P, hot.P)  # the same MDPs as for one-hot, with features added
+    np.testing.assert_array_equal(mdp.R, hot.R)
+    assert mdp.phi.shape == (SMALL["mdps"], 3, 2, 4) and hot.phi is None
+    with raises_user("must be bound to MDPs"):
+        algo.policy(np.zeros((1, algo.size)))
+    bound = algo.bind(mdp)
+    w = np.random.default_rng(0).standard_normal((SMALL["mdps"], algo.size))
+    lin = w[:, :4] if family == "sarsa" else w[:, 4:]
+    np.testing.assert_allclose(bound.action_values(w), np.einsum("bsad,bd->bsa", mdp.phi, lin), atol=1e-14)
+    with raises_user("one-hot"):
+        algo.bind(hot)

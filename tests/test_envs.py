@@ -214,6 +214,20 @@ def test_state_action_onehot():
     np.testing.assert_array_equal(mdps(batch=1, n_states=3, n_actions=2).features(), phi)
 
 
+def test_mdps_with_their_own_features():
+    """A batch may carry per-task features [B, s, a, d]; they are validated, and one-hot stays the default."""
+    mdp = mdps(batch=3, n_states=3, n_actions=2)
+    assert mdp.phi is None and mdp.d == 6 and mdp.feature_table().shape == (3, 3, 2, 6)
+    phi = np.random.default_rng(0).standard_normal((3, 3, 2, 4))
+    own = mdp.with_features(phi)
+    assert own.d == 4 and own.features() is own.phi and np.array_equal(own.phi, phi)
+    np.testing.assert_array_equal(own.P, mdp.P)
+    with raises_user("phi"):
+        build_plain(envs.MDPBatch, P=mdp.P, R=mdp.R, start=mdp.start, gamma=0.5, phi=phi[:2])
+    with raises_user("features phi"):
+        mdp.with_features(np.full((3, 3, 2, 4), np.nan))
+
+
 # -------------------------------------------------------------------- MDPs
 def test_mdp_laws():
     mdp = mdps(batch=200, n_states=4, n_actions=3)

@@ -65,3 +65,60 @@ def test_json_clean_and_write_json(tmp_path):
     assert files.json_clean(payload) == {"a": 1.5, "b": [0, 1, 2], "c": [None, None, 4], "5": True}
     files.write_json(tmp_path / "x.json", payload)
     assert json.loads((tmp_path / "x.json").read_text())["c"] == [None, None, 4]
+
+
+def _watch(monkeypatch, events, target=None):
+    """Record os.fsync (by file name) and os.replace calls; at each one note whether `target` exists yet."""
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), target is not None and target.exists()))
+        return real_fsync(fd)
+
+    def replace(a, b):
+        events.append(("replace", os.path.basename(b), target is not None and target.exists()))
+        return real_replace(a, b)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+
+
+@pytest.mark.parametrize("writer", ["write_atomic", "write_json", "atomic_path"])
+def test_every_file_writer_fsyncs_then_renames_and_the_target_appears_only_by_the_rename(tmp_path, monkeypatch, writer):
+    target = tmp_path / "out.json"
+    events = []
+    _watch(monkeypatch, events, target)
+    if writer == "write_atomic":
+        files.write_atomic(target, "{}")
+    elif writer == "write_json":
+        files.write_json(target, {"a": 1})
+    else:
+        with files.atomic_path(target) as tmp:
+            tmp.write_text("{}")
+    assert [e[0] for e in events] == ["fsync", "replace", "fsync"]
+    (_, synced, _), (_, renamed_to, existed), (_, dir_synced, _) = events
+    assert synced.startswith(".out.json.") and synced.endswith(".tmp")  # the temporary, before the rename
+    assert renamed_to == "out.json" and not existed  # nothing at the final path before os.replace
+    assert dir_synced == tmp_path.name and target.exists()
+
+
+def test_atomic_dir_fsyncs_files_and_both_directories_around_the_rename(tmp_path, monkeypatch):
+    out = tmp_path / "ck"
+    events = []
+    _watch(monkeypatch, events, out)
+    with files.atomic_dir(out) as tmp:
+        (tmp / "a.json").write_text("{}")
+        (tmp / "b.bin").write_bytes(b"x")
+    kinds = [e[0] for e in events]
+    assert kinds == ["fsync", "fsync", "fsync", "replace", "fsync"]
+    assert {events[0][1], events[1][1]} == {"a.json", "b.bin"}  # the files' data ...
+    assert events[2][1].startswith(".ck.") and events[2][1].endswith(".tmp")  # ... and their directory entries
+    assert events[3][1:] == ("ck", False)  # the directory appears by the rename only
+    assert events[4][1] == tmp_path.name and (out / "a.json").read_text() == "{}"
+
+    events.clear()  # replacing an existing directory: the old one stays in place until the new one is complete
+    with files.atomic_dir(out) as tmp:
+        (tmp / "c").write_text("new")
+        assert (out / "a.json").exists()
+    assert [e[0] for e in events] == ["fsync", "fsync", "replace", "replace", "fsync"]
+    assert events[3][1] == "ck" and _listing(out) == ["c"] and _listing(tmp_path) == ["ck"]

@@ -17,13 +17,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "icrl_interp"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("icrl_interp._version", "icrl_interp.errors", "icrl_interp.validate", "icrl_interp.files",
-              "icrl_interp.resources", "icrl_interp.cli_fields")),
+              "icrl_interp.resources", "icrl_interp.cli_fields", "icrl_interp.outputs")),
     ("tasks", ("icrl_interp.envs", "icrl_interp.layouts")),
     ("algorithms", ("icrl_interp.reference", "icrl_interp.sampling")),
     ("families", ("icrl_interp.registry", "icrl_interp.families", "icrl_interp.families.*[!g]")),
     ("models", ("icrl_interp.models", "icrl_interp.models.*", "icrl_interp.checkpoint", "icrl_interp.construct")),
     ("probes", ("icrl_interp.probe_spec", "icrl_interp.capture", "icrl_interp.recording", "icrl_interp.recorder")),
     ("analyzers", ("icrl_interp.analyzers", "icrl_interp.analyzers.*")),
+    ("interventions", ("icrl_interp.causal", "icrl_interp.causal.*")),
     ("training", ("icrl_interp.train", "icrl_interp.train.*", "icrl_interp.families.*_training",
                   "icrl_interp.control")),
     ("report", ("icrl_interp.report", "icrl_interp.report.*", "icrl_interp.demo")),

@@ -21,9 +21,20 @@ name. Two families can be involved:
 For the checkpoints this package writes the two are the same family; a TransformerLens or other
 foreign model recorded on a family's prompts has a task family and no model family.
 
+Each section (weights, population kernel, value error, kernels, probes, Wang's metrics, readouts) is
+computed independently: one that cannot run says why in `skipped` ('not applicable: ...' where it
+does not apply to this input, 'failed: ...' where it raised, else the input it lacks), and one that
+fails never drops the others. `sections` sums this up per section and `status_of` turns it into the
+status of a report row ('ok', 'partial', 'nothing analyzed').
+
 Fields added to `icrl_interp.analysis/1` (all optional for readers):
   task_family   the task's registered family (None: prompts of no known task, or TL weights);
-  architecture  the model's architecture (`registry.Architecture.name`; None: not a known one).
+  architecture  the model's architecture (`registry.Architecture.name`; None: not a known one);
+  sections      {section: "ok" | reason} (SECTIONS);
+  activations.readouts     a foreign model's value error by depth through two lenses (readout.py);
+  activations.convergence  the convergence-with-depth summary of the value error (convergence.depth_summary);
+  per-task values          `value_error_per_task` per layer, `kernel_diagonality.per_task`,
+                           `wang_metrics.per_task`, per lens layer (at most `per_task_max` tasks).
 """
 from __future__ import annotations
 
@@ -38,7 +49,7 @@ from .. import registry
 from ..errors import UserError
 from ..files import json_clean
 from ..layouts import PromptLayout
-from . import inputs, streams as S, weights
+from . import convergence, inputs, readout as R, streams as S, weights
 
 SCHEMA = "icrl_interp.analysis/1"
 GENERIC = "generic"
@@ -56,24 +67,31 @@ class AnalyzeOptions:
     chunk_mib: float = 128.0
     """Memory budget for one chunk of prompts read from a recording, in MiB."""
     test_fraction: float = 0.25
-    """Fraction of tasks held out to score the TD probes."""
+    """Fraction of tasks held out to score the TD probes and the tuned-lens readouts."""
     folds: int = 5
     """Cross-validation folds (over training tasks) for the ridge penalty."""
     seed: int = 0
     """Seed of the task split."""
     probe_max_tasks: int = 8192
-    """At most about this many tasks (a hashed subset of whole pairs) feed the TD probes; 0 = all.
+    """At most about this many tasks (a hashed subset of the task ids, a fraction probe_max_tasks / N of
+    them) feed the TD probes; 0 = all.
     8192 tasks of n columns are 8192 n samples for a ridge on <= 16 features: far past saturation."""
     progress: bool = False
     """Show a progress bar over chunks."""
     layout: dict | None = None
-    """Prompt layout (PromptLayout.to_dict()) for TransformerLens weights or generic recordings."""
+    """Prompt layout (PromptLayout.to_dict()) for TransformerLens weights (with `family`) or generic
+    recordings (alone: where the values sit in the residual stream)."""
     family: str | None = field(default=None, metadata={"choices": registry.names})
-    """Family to analyze TransformerLens weights (or a generic recording's W_Q..W_O) as."""
+    """Family whose construction TransformerLens weights (or a foreign recording's W_Q..W_O heads) are
+    compared with: the weight comparison only (a generic recording's value error needs just --layout)."""
     head: int = 0
     """Attention head of TransformerLens weights."""
     kernel_matrix_max_states: int = 64
     """Include the task-averaged M_hat in the output when there are at most this many states."""
+    per_task_max: int = 512
+    """Per-task values (value error, kernel diagonality, VD/SS/IWS, readouts: one entry per task id; the
+    probes' held-out sums per test task) are included when there are at most this many tasks (null
+    beyond; 0 = never)."""
 
 
 # --------------------------------------------------------------------- json
@@ -112,6 +130,18 @@ class Subject:
         return None if task is None else task.hints
 
 
+def _value_hints(subject: Subject, layout) -> registry.Hints | None:
+    """Where the task's output sits in the residual stream: the task family's hints; for prompts of no
+    known task, those of the family the layout is of (a generic recording analyzed with --layout);
+    None without a layout."""
+    if layout is None:
+        return None
+    if subject.task_hints is not None:
+        return subject.task_hints
+    fam = registry.find(getattr(layout, "family", None))
+    return None if fam is None else fam.hints
+
+
 # ----------------------------------------------------------------- theta*
 def _as_checkpoint_config(config):
     from ..models.config import CheckpointConfig
@@ -139,20 +169,47 @@ def theta_for_layout(family: str, layout: PromptLayout, params: dict, gamma: flo
     return config.theta_star(list(params))
 
 
-def _weights_section(family: str | None, params, theta, layout, reasons: dict) -> dict | None:
+def _weights_section(family: str | None, params, theta, layout, reasons: dict, foreign: bool = False) -> dict | None:
+    """The `weights` section, or None with the reason in `reasons["weights"]`. Never raises: the other
+    sections do not depend on it. 'not applicable: ...' where the weights cannot be a construction's
+    (a model of no family; `foreign` weights read as --family whose matrices are not d_model x d_model
+    of the layout, e.g. a model that embeds its input); 'failed: ...' where they should have been."""
     known = registry.find(family)
     if known is None:
-        reasons["weights"] = f"family {family or GENERIC!r} has no construction to compare with"
+        reasons["weights"] = f"not applicable: family {family or GENERIC!r} has no construction to compare with"
         return None
     if layout is None:
         reasons["weights"] = "no prompt layout (pass --layout)"
         return None
     if not params:
-        reasons["weights"] = "no parameters"
+        reasons["weights"] = "no parameters recorded"
+        return None
+    why = weights.shape_mismatch(params, layout)
+    if why:
+        reasons["weights"] = (f"not applicable: {why}: the model's weights are not in the prompt basis (e.g. it "
+                              f"embeds its input), so there is no construction to compare them with" if foreign else
+                              f"failed: {why}; the layout does not fit the matrices")
         return None
     if not theta:
-        reasons["manifold"] = f"no theta* for family {family!r}: only block norms and lazy drift"
-    return weights.analyze_weights(known, params, theta, layout)
+        reasons["manifold"] = f"not applicable: no theta* for family {family!r}: only block norms and lazy drift"
+    return _guard(reasons, "weights", weights.analyze_weights, known, params, theta, layout)
+
+
+def _guard(reasons: dict, key: str, fn, *args, **kw):
+    """fn(*args, **kw), or None with 'failed: why' in reasons[key]: one analyzer's failure never drops
+    the others."""
+    try:
+        return fn(*args, **kw)
+    except Exception as e:  # noqa: BLE001
+        reasons[key] = _failure(e)
+    return None
+
+
+def _failure(e: BaseException) -> str:
+    """The `skipped` reason of an analyzer that raised."""
+    if isinstance(e, UserError):
+        return f"failed: {e}"
+    return f"failed (internal error, {type(e).__name__}): {e}"
 
 
 def _header(path, kind, subject: Subject, config, layout) -> dict:
@@ -178,14 +235,15 @@ def _analyze_checkpoint(path: Path, opts: AnalyzeOptions) -> dict:
     params = {k: np.asarray(v, dtype=np.float64) for k, v in tensors.items()}
     reasons: dict = {}
     out = _header(path, "checkpoint", subject, config, layout)
-    out["weights"] = _weights_section(subject.family, params, config.theta_star(list(params)), layout, reasons)
+    theta = _guard(reasons, "theta_star", config.theta_star, list(params)) or {}
+    out["weights"] = _weights_section(subject.family, params, theta, layout, reasons)
     block = subject.model.hints.population_kernel
     if out["weights"] is not None and block is not None:
-        out["weights"]["population_kernel"] = _sampled_population_kernel(config, subject, params, layout, block, reasons)
+        out["weights"]["population_kernel"] = _guard(reasons, "population_kernel", _sampled_population_kernel,
+                                                     config, subject, params, layout, block, reasons)
     out["activations"] = None
-    reasons["activations"] = "a checkpoint has no recorded activations (record it with `icrl-interp record`)"
-    out["skipped"] = reasons
-    return out
+    reasons["activations"] = "not applicable: a checkpoint has no recorded activations (record it with `icrl-interp record`)"
+    return _finish(out, reasons)
 
 
 def _sampled_population_kernel(config, subject: Subject, params, layout, block: str, reasons) -> list[dict] | None:
@@ -196,7 +254,7 @@ def _sampled_population_kernel(config, subject: Subject, params, layout, block: 
         reasons["population_kernel"] = f"cannot draw tasks from the checkpoint's task config: {e}"
         return None
     if "phi" not in pb.tasks or "stationary" not in pb.tasks:
-        reasons["population_kernel"] = "the task family's tasks have no state features (tasks/phi)"
+        reasons["population_kernel"] = "not applicable: the task family's tasks have no state features (tasks/phi)"
         return None
     phi, mu = pb.tasks["phi"], pb.tasks["stationary"]
     pk = S.PopulationKernel(params, layout, config.model.n_layers, config.model.gamma, phi.shape[1],
@@ -211,7 +269,8 @@ def _analyze_tl(path: Path, opts: AnalyzeOptions) -> dict:
     from safetensors.numpy import load_file
 
     if opts.layout is None or opts.family is None:
-        raise UserError(f"{path}: TransformerLens weights need --layout FILE.json and --family to compare against")
+        raise UserError(f"{path}: TransformerLens weights need --layout FILE.json (how to cut the matrices into "
+                        f"blocks) and --family (which construction to compare them with)")
     family = registry.get(opts.family)
     layout = inputs.layout_from_dict(opts.layout)
     try:
@@ -223,10 +282,16 @@ def _analyze_tl(path: Path, opts: AnalyzeOptions) -> dict:
     out = _header(path, "tl-weights", subject, None, layout)
     out["n_layers"] = len(weights.layers_of(params))
     reasons: dict = {}
-    out["weights"] = _weights_section(family.name, params, theta_for_layout(family.name, layout, params), layout, reasons)
+    theta = _guard(reasons, "theta_star", theta_for_layout, family.name, layout, params) if _fits(params, layout) else {}
+    out["weights"] = _weights_section(family.name, params, theta or {}, layout, reasons, foreign=True)
     out["activations"] = None
-    out["skipped"] = reasons
-    return out
+    reasons["activations"] = "not applicable: weights alone have no activations"
+    return _finish(out, reasons)
+
+
+def _fits(params: dict, layout) -> bool:
+    """Every parameter is d_model x d_model of the layout (so theta* at the layout's dimensions applies)."""
+    return layout is not None and weights.shape_mismatch(params, layout) is None
 
 
 # ------------------------------------------------------------- recordings
@@ -252,18 +317,22 @@ def _analyze_recording(path: Path, opts: AnalyzeOptions) -> dict:
         if subject.model is None and opts.family and any(".attn.W_" in k for k in params):
             # a foreign model's TransformerLens heads, read as the score / value maps of --family
             family_w = registry.get(opts.family).name
-            params = weights.tl_to_family(params, family_w, opts.head)
-            theta = theta_for_layout(family_w, layout, params) if layout is not None else {}
+            params = _guard(reasons, "weights", weights.tl_to_family, params, family_w, opts.head) or {}
+            theta = (_guard(reasons, "theta_star", theta_for_layout, family_w, layout, params) or {}
+                     if params and _fits(params, layout) else {})
         elif not theta and config is not None and subject.model is not None:
-            theta = config.theta_star(list(params))  # recorded without /theta_star: rebuild it
+            # recorded without /theta_star: rebuild it
+            theta = _guard(reasons, "theta_star", config.theta_star, list(params)) or {}
         out = _header(path, "recording", subject, config, layout)
         n_layers = int(rec.attr("n_layers", 0) or 0) or _layers_from_hooks(rec.hooks())
         gamma = float(rec.attr("gamma", math.nan))
         out["n_layers"], out["gamma"] = n_layers, None if math.isnan(gamma) else gamma
-        out["weights"] = _weights_section(family_w, params, theta, layout, reasons)
-        out["activations"] = _activations(rec, subject, layout, params, config, n_layers, gamma, opts, reasons, out)
-        out["skipped"] = reasons
-    return out
+        out["weights"] = None
+        if "weights" not in reasons:  # (a failed conversion of TL heads has said why)
+            out["weights"] = _weights_section(family_w, params, theta, layout, reasons, foreign=subject.model is None)
+        out["activations"] = _guard(reasons, "activations", _activations, rec, subject, layout, params, config,
+                                    n_layers, gamma, opts, reasons, out)
+    return _finish(out, reasons)
 
 
 def _layers_from_hooks(hooks: list[str]) -> int:
@@ -295,38 +364,43 @@ class _Facts:
 def _facts(rec, subject: Subject, layout, n_layers, reasons) -> _Facts | None:
     """Check the recording against the layout; None when there is nothing to analyze.
 
-    With prompts of a known task in a known layout, every layer's hook_resid_post must be there for a
-    model of a known family (an error otherwise); for a foreign model, layers without it are skipped."""
+    The value error reads hook_resid_post of the layers recorded at the layout's width; every other
+    layer gets its reason (a model of a known family that lacks the hook or has another width: the
+    recording or the layout is wrong; a foreign model: its residual stream has its own basis, and the
+    readouts serve instead). A recording without prompts or /prompts/z is a UserError."""
     f, N = rec.f, rec.n_prompts
     if N == 0:
         raise UserError(f"{rec.path}: the recording holds no prompts")
     hooks = set(rec.hooks())
-    if not hooks:
+    if not hooks and "outputs/model" not in f and "lens" not in f:
         reasons["activations"] = "no recorded hooks"
         return None
     if "prompts/z" not in f:
         raise UserError(f"{rec.path}: recording has no /prompts/z")
     pos = int(f["prompts/z"].shape[1])
     readable = set()
-    if subject.task is not None and layout is not None:
-        strict = subject.model is not None
-        if f["prompts/z"].shape[2] != layout.d_model:
-            raise UserError(f"{rec.path}: prompts have d_model {f['prompts/z'].shape[2]} but the layout has "
-                            f"{layout.d_model}: the layout does not fit")
+    if layout is not None and f["prompts/z"].shape[2] != layout.d_model:
+        reasons["value_error"] = (f"the prompts have d_model {f['prompts/z'].shape[2]} but the layout has "
+                                  f"{layout.d_model}: the layout does not fit the prompts")
+    elif layout is not None:
+        foreign = subject.model is None
         for l in range(n_layers):
             h = f"blocks.{l}.hook_resid_post"
+            width = f[f"acts/{h}"].shape[-1] if h in hooks else None
             if h not in hooks:
-                if strict:
-                    raise UserError(f"{rec.path}: recording lacks hook {h}, which the activation analyzers need "
-                                    f"(value error, TD probes); add blocks.*.hook_resid_post to the probe spec")
-                reasons[f"value_error.layer{l}"] = f"no {h} recorded"
-            elif f[f"acts/{h}"].shape[-1] != layout.d_model:
-                if strict:
-                    raise UserError(f"{rec.path}: hook {h} has width {f[f'acts/{h}'].shape[-1]} but the layout has "
-                                    f"d_model {layout.d_model}: the layout does not fit")
-                reasons[f"value_error.layer{l}"] = f"{h} is not in the prompt layout (width {f[f'acts/{h}'].shape[-1]})"
+                reasons[f"value_error.layer{l}"] = (f"no {h} recorded" if foreign else
+                                                    f"the recording lacks hook {h}, which the value error needs; add "
+                                                    f"blocks.*.hook_resid_post to the probe spec")
+            elif width != layout.d_model:
+                reasons[f"value_error.layer{l}"] = (
+                    f"not applicable: {h} has width {width}, not the layout's d_model {layout.d_model}: the model's "
+                    f"residual stream is not in the prompt layout (see readouts)" if foreign else
+                    f"failed: hook {h} has width {width} but the layout has d_model {layout.d_model}: the layout "
+                    f"does not fit")
             else:
                 readable.add(l)
+    else:
+        reasons["value_error"] = "no prompt layout (pass --layout): the values cannot be read from the residual stream"
     task_note = str(rec.attr("task_data", "present"))
     has_tasks = task_note == "present" and all(f"tasks/{k}" in f for k in ("values", "stationary"))
     if not has_tasks:
@@ -339,14 +413,14 @@ def _facts(rec, subject: Subject, layout, n_layers, reasons) -> _Facts | None:
     return _Facts(N, pos, n, hooks, has_tasks, has_ref, labelled, _n_states(rec, has_tasks, labelled), readable)
 
 
-def _wang_stream(rec, subject: Subject, layout, params, config, n_layers, facts: _Facts, reasons):
+def _wang_stream(rec, subject: Subject, layout, params, config, n_layers, facts: _Facts, reasons, per_task_max: int = 0):
     """The VD/SS/IWS accumulator when the recording allows it (else the reason is noted)."""
     f, arch = rec.f, subject.arch
     activation = None if config is None else config.model.activation
     if activation:
-        reasons["wang_metrics"] = f"the model uses activation {activation!r}; VD/SS/IWS need linear attention"
+        reasons["wang_metrics"] = f"not applicable: the model uses activation {activation!r}; VD/SS/IWS need linear attention"
     elif arch is None:
-        reasons["wang_metrics"] = "needs a model of a known architecture (its value and score parameters)"
+        reasons["wang_metrics"] = "not applicable: needs a model of a known architecture (its value and score parameters)"
     elif not facts.has_tasks or not all(p in f for p in ("reference/w", "tasks/phi", "tasks/stationary")):
         reasons["wang_metrics"] = "needs /reference/w and task data (features, stationary distribution)"
     elif any(S.layer_param(params, l, k) is None for l in range(n_layers) for k in (arch.value, arch.score)):
@@ -356,7 +430,8 @@ def _wang_stream(rec, subject: Subject, layout, params, config, n_layers, facts:
     elif any(f[f"acts/blocks.{l}.hook_resid_post"].shape[1] != facts.pos for l in range(n_layers)):
         reasons["wang_metrics"] = "needs hook_resid_post at every position"
     else:
-        return S.WangStream(params, layout, n_layers, facts.pos, value=arch.value, score=arch.score)
+        return S.WangStream(params, layout, n_layers, facts.pos, value=arch.value, score=arch.score,
+                            per_task_max=per_task_max)
     return None
 
 
@@ -365,108 +440,175 @@ def _activations(rec, subject: Subject, layout, params, config, n_layers, gamma,
     if facts is None:
         return None
     f = rec.f
-    hints = subject.task_hints if layout is not None else None  # readouts need the task and its layout
+    hints = _value_hints(subject, layout)  # where the task's output sits (needs the layout)
     model_hints = subject.model.hints if subject.model is not None and layout is not None else None
     arch = subject.arch
     out["context_length"] = facts.n
     gamma_k = gamma if math.isfinite(gamma) else 0.0
 
-    values, kernels, probes = {}, {}, {}
+    values, kernels = {}, {}
+    probes = S.ProbeSet(f, facts.N, facts.pos, facts.n, opts) if facts.has_ref else None
+    if probes is not None and probes.targets.note:
+        reasons["td_probe.values"] = probes.targets.note
     direction = S.td_direction(hints, layout)
     for l in range(n_layers):
         if hints is not None and l in facts.readable:
             try:
                 values[l] = S.ValueStream(hints, l, layout, f[f"acts/blocks.{l}.hook_resid_post"], facts.pos,
-                                          facts.has_tasks, "reference/values" in f)
-            except ValueError as e:
+                                          facts.has_tasks, "reference/values" in f, opts.per_task_max)
+            except (ValueError, UserError) as e:
                 reasons[f"value_error.layer{l}"] = str(e)
         ph = f"blocks.{l}.attn.hook_pattern"
         if ph in facts.hooks and (arch is None or arch.softmax):
             # a softmax pattern (or one of a foreign model: KernelStream checks the rows sum to 1) is a kernel
             ds = f[f"acts/{ph}"]
             use_labels = facts.labelled and facts.n_states > 0 and math.isfinite(gamma)
-            kernels[l] = S.KernelStream(l, ds, facts.pos, gamma_k, facts.n_states, layout,
-                                        opts.kernel_matrix_max_states, use_labels, _dtype_attr(ds) == "bfloat16")
+            no_labels = ("no state labels (prompts/state is -1)" if not (facts.labelled and facts.n_states > 0) else
+                         "no discount γ recorded (the contraction threshold (1+γ)/2 needs it)")
+            k = _guard(reasons, "kernel_diagonality", S.KernelStream, l, ds, facts.pos, gamma_k, facts.n_states, layout,
+                       opts.kernel_matrix_max_states, use_labels, _dtype_attr(ds) == "bfloat16", opts.per_task_max,
+                       no_labels)
+            if k is not None:
+                kernels[l] = k
         elif ph in facts.hooks:
-            reasons.setdefault("kernel_diagonality", f"the {subject.family} attention pattern is not a softmax kernel")
+            reasons.setdefault("kernel_diagonality",
+                               f"not applicable: the {subject.family} attention pattern is not a softmax kernel")
         for h in sorted(x for x in facts.hooks if x.startswith(f"blocks.{l}.")) if facts.has_ref else ():
             it = S.probe_iteration(h, l)
             if it >= f["reference/td_errors"].shape[1]:
                 reasons[f"td_probe.{h}"] = f"no reference TD error for iteration {it}"
                 continue
             try:
-                probes[(l, h)] = S.ProbeStream(h, l, f[f"acts/{h}"], facts.pos, facts.n, opts.folds,
-                                               direction if h.endswith("hook_resid_post") else None)
+                base = f.get(f"baseline/acts/{h}")  # the same hook at random initialization, when recorded
+                p = probes.add(l, h, f[f"acts/{h}"], direction if h.endswith("hook_resid_post") else None, base)
+                if p.base_note and "baseline" in f:
+                    reasons[f"td_probe.{h}.random_init"] = p.base_note
             except ValueError as e:
                 reasons[f"td_probe.{h}"] = str(e)
     wang = None
     if hints is not None and hints.query_linear:
-        wang = _wang_stream(rec, subject, layout, params, config, n_layers, facts, reasons)
+        wang = _guard(reasons, "wang_metrics", _wang_stream, rec, subject, layout, params, config, n_layers, facts,
+                      reasons, opts.per_task_max)
     population = None
     block = None if model_hints is None else model_hints.population_kernel
-    if block is not None and arch is not None and facts.has_tasks and "tasks/phi" in f and params:
-        population = S.PopulationKernel(params, layout, n_layers, gamma, facts.n_states, score=arch.score, block=block)
+    if block is not None and arch is not None and facts.has_tasks and "tasks/phi" in f and params \
+            and out.get("weights") is not None:
+        population = _guard(reasons, "population_kernel", S.PopulationKernel, params, layout, n_layers, gamma,
+                            facts.n_states, score=arch.score, block=block)
+    readouts = None
+    if "outputs/model" in f or "lens" in f:  # a foreign model's own output / readout (see readout.py)
+        readouts = _guard(reasons, "readouts", R.Readouts, f, hints, layout, facts.pos, opts.seed, opts.test_fraction,
+                          opts.per_task_max, reasons)
+    elif subject.model is not None or facts.readable:
+        reasons["readouts"] = "not applicable: the residual stream is in the prompt layout (value_error reads it)"
+    else:
+        reasons["readouts"] = ("no outputs/model or lens/{l} recorded (record the model with this version's "
+                               "`icrl-interp record --model`)")
 
     paths = set()
     for v in values.values():
         paths.update((v.path, "prompts/state", "tasks/values", "tasks/stationary", "reference/values", "reference/output"))
     for k in kernels.values():
         paths.update((k.path, "prompts/state", "prompts/z"))
-    for p in probes.values():
-        paths.update((p.path, "reference/td_errors"))
+    if probes is not None and probes.probes:
+        paths.update(probes.paths)
     if wang is not None:
         paths.update(wang.paths())
     if population is not None:
         paths.update(("tasks/phi", "tasks/stationary"))
+    if readouts is not None:
+        paths.update(readouts.paths)
+    if paths:
+        paths.add("prompts/task_id")  # the per-task values (when recorded; else the prompt index)
     paths = sorted(p for p in paths if p in f)
     row_bytes = sum(int(np.prod(f[p].shape[1:])) * 8 for p in paths)  # as float64 in memory
     rows = inputs.chunk_rows(row_bytes * 2, int(opts.chunk_mib * 2**20), facts.N)  # x2: copies, temporaries
 
-    probe_fraction = opts.probe_max_tasks / facts.N if opts.probe_max_tasks > 0 else 1.0
-    for start, stop, data in inputs.iter_chunks(rec, paths, rows, opts.progress):
-        for v in values.values():
-            v.update(data)
-        shared: dict = {}  # per-chunk columns the kernel streams of all layers share
-        for k in kernels.values():
-            k.update(data, shared)
-        if probes:
-            split = S.ChunkSplit(start, stop, facts.N, opts.seed, opts.test_fraction, opts.folds, probe_fraction)
-            for p in probes.values():
-                p.update(data, split)
-        if wang is not None:
-            wang.update(data)
-        if population is not None:
-            population.update(data["tasks/phi"], data["tasks/stationary"])
+    # every stream is fed the same chunk; one that fails is dropped with its reason, the others go on
+    streams: dict = {f"value_error.layer{l}": (lambda a, b, d, v=v: v.update(d)) for l, v in values.items()}
+    streams.update({f"kernel_diagonality.layer{l}": (lambda a, b, d, k=k: k.update(d, d["_shared"]))
+                    for l, k in kernels.items()})
+    if probes is not None and probes.probes:
+        streams["td_probe"] = probes.update
+    if wang is not None:
+        streams["wang_metrics"] = lambda a, b, d: wang.update(d)
+    if population is not None:
+        streams["population_kernel"] = lambda a, b, d: population.update(d["tasks/phi"], d["tasks/stationary"])
+    if readouts is not None:
+        streams["readouts"] = readouts.update
+    dead: set = set()
+    for start, stop, data in inputs.iter_chunks(rec, paths, rows, opts.progress) if streams else ():
+        data[S.TASK_KEY] = data["prompts/task_id"] if "prompts/task_id" in data else np.arange(start, stop)
+        data["_shared"] = {}  # per-chunk columns the kernel streams of all layers share
+        for key, update in streams.items():
+            if key in dead:
+                continue
+            try:
+                update(start, stop, data)
+            except Exception as e:  # noqa: BLE001 - a bug in one analyzer must not lose the others
+                reasons[key] = _failure(e)
+                dead.add(key)
+    values = {l: v for l, v in values.items() if f"value_error.layer{l}" not in dead}
+    kernels = {l: k for l, k in kernels.items() if f"kernel_diagonality.layer{l}" not in dead}
+    wang = None if "wang_metrics" in dead else wang
+    population = None if "population_kernel" in dead else population
+    readouts = None if "readouts" in dead else readouts
+    if "td_probe" in dead:
+        probes = None
 
+    if probes is not None and probes.probes:
+        try:  # pass 2: the held-out prompts only, for the per-task intervals
+            probes.finish(rec, rows)
+        except Exception as e:  # noqa: BLE001
+            reasons["td_probe"], probes = _failure(e), None
+    if readouts is not None:
+        try:  # pass 2: the tuned lens on held-out tasks (a failure there keeps the logit lens)
+            readouts.finish(rec, rows)
+        except Exception as e:  # noqa: BLE001
+            reasons["readouts.tuned-linear"] = _failure(e)
+            readouts.solved = {}
     primary = hints.primary_probe if hints is not None else DEFAULT_PRIMARY_PROBE
     layers = [_layer_entry(primary, l, values, kernels, probes, reasons) for l in range(n_layers)]
     result = {"n_prompts": facts.N, "layers": layers}
+    result["convergence"] = _guard(reasons, "convergence", convergence.depth_summary, [x["layer"] for x in layers],
+                                   [x.get("value_error") for x in layers], [x.get("reference_value_error") for x in layers])
     if wang is not None:
         tol = 1e-8 if _dtype_attr(f["acts/blocks.0.hook_resid_post"]) == "float64" else 1e-3
-        result["wang_metrics"], why = wang.result(tol)
-        if why:
-            reasons["wang_metrics"] = why
+        res = _guard(reasons, "wang_metrics", wang.result, tol)
+        if res is not None:
+            result["wang_metrics"], why = res
+            if why:
+                reasons["wang_metrics"] = why
+    if readouts is not None:
+        result["readouts"] = _guard(reasons, "readouts", readouts.result)
     if population is not None and out.get("weights") is not None:
-        out["weights"]["population_kernel"] = population.result("recorded tasks")
+        out["weights"]["population_kernel"] = _guard(reasons, "population_kernel", population.result, "recorded tasks")
     return result
 
 
 def _layer_entry(primary: tuple[str, ...], l, values, kernels, probes, reasons) -> dict:
     entry = {"layer": l, "kernel_diagonality": None, "td_probe_r2": None, "value_error": None}
     if l in values:
-        entry.update(values[l].result())
-    if l in kernels:
-        kd, free, why = kernels[l].result()
+        entry.update(_guard(reasons, f"value_error.layer{l}", values[l].result) or {})
+    res = _guard(reasons, f"kernel_diagonality.layer{l}", kernels[l].result) if l in kernels else None
+    if res is not None:
+        kd, free, why = res
         entry["kernel_diagonality"], entry["label_free_diagonal"] = kd, free
         if why:
             reasons.setdefault("kernel_diagonality", why)
-    layer_probes = {h: p.result() for (ll, h), p in probes.items() if ll == l}
+    layer_probes = {} if probes is None else _guard(
+        reasons, f"td_probe.layer{l}", lambda: {h: probes.result(l, h) for (ll, h) in probes.probes if ll == l}) or {}
     if layer_probes:
         hook = primary_probe(primary, l, layer_probes)
+        head = {} if hook is None else layer_probes[hook]
         entry["td_probe"] = layer_probes
         entry["td_probe_hook"] = hook
-        entry["td_probe_r2"] = None if hook is None else layer_probes[hook]["r2"]
-        entry["td_probe_r2_shuffled"] = None if hook is None else layer_probes[hook]["r2_shuffled"]
+        entry["td_probe_r2"] = head.get("r2")
+        entry["td_probe_r2_shuffled"] = head.get("r2_shuffled")
+        # the headline: R^2 minus the largest baseline (input, random init, shuffled), with its interval
+        entry["td_probe_selectivity"] = head.get("selectivity")
+        entry["td_probe_selectivity_ci"] = head.get("selectivity_ci")
+        entry["td_probe_baseline"] = head.get("max_baseline")
     return entry
 
 
@@ -492,6 +634,88 @@ def _n_states(rec, has_tasks: bool, labelled: bool) -> int:
     for start in range(0, ds.shape[0], 65536):
         top = max(top, int(ds[start : start + 65536].max()))
     return top + 1
+
+
+# ------------------------------------------------------------------ sections and status
+SECTIONS = ("weights", "population_kernel", "value_error", "kernels", "probes", "wang_metrics", "readouts")
+"""The analyses whose outcome `sections` reports, each computed independently of the others."""
+NOT_APPLICABLE = "not applicable"
+
+
+def _reason(reasons: dict, *keys: str) -> str | None:
+    """The first reason under one of `keys` (the key itself, else a `key.<detail>` entry)."""
+    for key in keys:
+        if key in reasons:
+            return str(reasons[key])
+        for k, v in reasons.items():
+            if k.startswith(key + "."):
+                return str(v)
+    return None
+
+
+def _sections(out: dict, reasons: dict) -> dict:
+    """{section: "ok" | "not applicable: why" | why it is missing | "failed: why"} (see SECTIONS)."""
+    w, acts = out.get("weights"), out.get("activations")
+    layers = [x for x in ((acts or {}).get("layers") or []) if isinstance(x, dict)]
+
+    def any_layer(*keys) -> bool:
+        return any(x.get(k) is not None for x in layers for k in keys)
+
+    def pick(ok: bool, keys: tuple[str, ...], default: str) -> str:
+        if ok:
+            return "ok"
+        if acts is None and reasons.get("activations"):
+            return str(reasons["activations"])
+        return _reason(reasons, *keys) or default
+
+    return {
+        "weights": "ok" if w else _reason(reasons, "weights") or f"{NOT_APPLICABLE}: no weights",
+        "population_kernel": "ok" if (w or {}).get("population_kernel") else (
+            _reason(reasons, "population_kernel") or f"{NOT_APPLICABLE}: no population kernel for this model "
+                                                     f"(Hints.population_kernel, its weights and the tasks' features)"),
+        "value_error": pick(any_layer("value_error"), ("value_error",),
+                            f"{NOT_APPLICABLE}: no residual stream in the prompt layout"),
+        "kernels": pick(any_layer("kernel_diagonality", "label_free_diagonal"), ("kernel_diagonality",),
+                        f"{NOT_APPLICABLE}: no attention pattern recorded"),
+        "probes": pick(any_layer("td_probe_r2", "td_probe"), ("td_probe",), f"{NOT_APPLICABLE}: no hook to probe"),
+        "wang_metrics": pick(bool((acts or {}).get("wang_metrics")), ("wang_metrics",),
+                             f"{NOT_APPLICABLE}: the task's output is not linear in the query (Hints.query_linear)"),
+        "readouts": pick(bool((acts or {}).get("readouts")), ("readouts",),
+                         f"{NOT_APPLICABLE}: no model output or lens recorded"),
+    }
+
+
+def _finish(out: dict, reasons: dict) -> dict:
+    out["skipped"] = reasons
+    out["sections"] = _sections(out, reasons)
+    return out
+
+
+def status_of(analysis: dict) -> tuple[str, str]:
+    """('ok' | 'partial' | 'nothing analyzed', one-line reasons) of an analysis dict.
+
+    'ok': something was analyzed and every section that applies was computed; 'partial': something
+    was, but a section that applies lacks an input or failed (the reasons name them); 'nothing
+    analyzed': no section was computed. Analyses of other analyzers (no `sections`) are 'ok' when
+    they hold weights or a per-layer metric."""
+    sections = analysis.get("sections") if isinstance(analysis, dict) else None
+    if not isinstance(sections, dict) or not sections:
+        acts = (analysis or {}).get("activations") if isinstance(analysis, dict) else None
+        layers = acts.get("layers") if isinstance(acts, dict) else None
+        metric = any(isinstance(x, dict) and any(x.get(k) is not None for k in
+                                                 ("value_error", "kernel_diagonality", "td_probe_r2"))
+                     for x in (layers if isinstance(layers, list) else []))
+        if (isinstance(analysis, dict) and analysis.get("weights")) or metric:
+            return "ok", ""
+        skipped = (analysis or {}).get("skipped") if isinstance(analysis, dict) else None
+        why = "; ".join(f"{k}: {v}" for k, v in skipped.items()) if isinstance(skipped, dict) else ""
+        return "nothing analyzed", why or "the analysis holds neither weights nor activations"
+    missing = {k: str(v) for k, v in sections.items() if v != "ok" and not str(v).startswith(NOT_APPLICABLE)}
+    if not any(v == "ok" for v in sections.values()):
+        return "nothing analyzed", "; ".join(f"{k}: {v}" for k, v in sections.items())
+    if missing:
+        return "partial", "; ".join(f"{k}: {v}" for k, v in missing.items())
+    return "ok", ""
 
 
 # ------------------------------------------------------------------ public

@@ -6,6 +6,8 @@ Definitions: docs/concepts.md, sections Linear-attention TD(0) (VD, SS, IWS) and
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from jaxtyping import Float, Int
 
@@ -120,3 +122,42 @@ def linear_td_query_weights(
         C = np.einsum("bnd,bne->bde", Z, Z)
         r = r + np.einsum("bd,de,bef,fg->bg", r, P_l, C, Q_l) / n
     return r[:, phi]
+
+
+def _log_rate(layers, errors) -> float | None:
+    """exp of the least-squares slope of log(error) on layer: the error's factor per layer."""
+    if len(layers) < 2:
+        return None
+    x, y = np.asarray(layers, dtype=np.float64), np.log(np.asarray(errors, dtype=np.float64))
+    x = x - x.mean()
+    return float(np.exp((x * (y - y.mean())).sum() / (x * x).sum()))
+
+
+def depth_summary(layers, errors, reference=None) -> dict | None:
+    """How a value-error curve falls with depth (the layers' value errors, None where absent).
+    first / last: the error at the first and last layer that has one; ratio = last / first;
+    rate: the geometric factor per layer, exp of the least-squares slope of log(error) on the layer
+    (< 1: the error falls; needs two positive errors); decreasing: the share of consecutive layers
+    where it falls. With `reference` (the reference algorithm's error at the same depths, None where
+    it has no step), the same rate of the reference over the layers both have (`reference_rate`) and
+    last_over_reference = the model's last error / the reference's at that layer (1: as converged as
+    the algorithm at that depth). None when no layer has an error.
+    """
+    pts = [(int(l), float(e)) for l, e in zip(layers, errors) if e is not None and math.isfinite(e)]
+    if not pts:
+        return None
+    ls, es = [l for l, _ in pts], [e for _, e in pts]
+    pos = [(l, e) for l, e in pts if e > 0]
+    steps = list(zip(es, es[1:]))
+    out = {"layers": ls, "first": es[0], "last": es[-1],
+           "ratio": es[-1] / es[0] if es[0] > 0 else None,
+           "rate": _log_rate([l for l, _ in pos], [e for _, e in pos]),
+           "decreasing": sum(b < a for a, b in steps) / len(steps) if steps else None,
+           "reference_rate": None, "last_over_reference": None}
+    if reference is not None:
+        ref = {int(l): float(r) for l, r in zip(layers, reference) if r is not None and math.isfinite(r)}
+        both = [(l, ref[l]) for l, _ in pos if ref.get(l, 0.0) > 0]
+        out["reference_rate"] = _log_rate([l for l, _ in both], [r for _, r in both])
+        last = ref.get(ls[-1])
+        out["last_over_reference"] = es[-1] / last if last else None
+    return out

@@ -1,25 +1,34 @@
-"""Linear TD-error probes: ridge regression from activations at a context column to delta_k.
+"""Linear TD-error probes: ridge regression from activations at a context column to delta_k, with
+the baselines that say whether the activations carry more than their input.
 
-The probes stream: each (layer, hook) keeps sufficient statistics (counts, sums,
-X^T X, X^T y, y^T y) per fold, so a recording larger than memory is read once,
-in chunks. Ridge with an intercept solved from these statistics is exactly
-scikit-learn's `Ridge(alpha, fit_intercept=True)` (tested to 1e-10).
+The probes stream: each (layer, hook) keeps sufficient statistics (counts, sums, X^T X, X^T Y,
+Y^T Y) per fold, for many targets at once, so a recording larger than memory is read once, in
+chunks. Ridge with an intercept solved from these statistics is exactly scikit-learn's
+`Ridge(alpha, fit_intercept=True)` (tested to 1e-9).
 
-Splits are by *task* (prompt index), never by column: prompt i belongs to one fold
-through a counter-based hash of i // 2, so the split does not depend on the chunk
-size. On large recordings a hashed subset of the tasks (whole pairs) can be used:
-a ridge on <= 16 features is saturated long before hundreds of thousands of samples. Folds 0..K-1 are training folds (used to pick alpha by K-fold CV), fold K is
-the held-out test set on which R^2 is reported.
+Splits are by *task id* (`prompts/task_id`; the prompt index where a recording has none), never by
+prompt or column: every prompt of a task goes to the fold given by a counter-based hash of its task
+id, so the split depends neither on the chunk size nor on the order of the prompts, and no task
+is on both sides (a prompt file with 10 prompts per task must not leak). On large recordings a
+hashed subset of the task ids can be used: a ridge on <= 16 features is saturated long before
+hundreds of thousands of samples. Folds 0..K-1 are training folds (used to pick alpha by K-fold
+CV), fold K is the held-out test set on which R^2 is reported.
 
-Shuffled-label control: the targets of prompt i are replaced by those of prompt
-i XOR 1 (its pair partner: a different, independently drawn task; partners always
-share a fold), so features and targets come from different tasks. Its held-out
-R^2 should be ~0. With an odd number of prompts the last one has no partner and
-is left out of the probes.
+Shuffled-label control: the targets of a prompt are replaced by those of its *partner*, the latest
+earlier prompt (among those the probes use) whose task id differs (`PartnerChain`). So features and
+targets always come from different tasks (pairing i with i XOR 1, as before, paired prompts of the
+same task in a prompt file with several prompts per task, and the "control" then reproduced the
+real R^2), and the pairing depends only on the recording, not on the chunking. The prompts of the
+recording's first task have no earlier partner and are left out of every probe (probe, baselines
+and control all use the same samples).
 
-All statistics of a fold live in one Gram matrix G = Z^T Z with
-Z = [X - x0, y - y0, y_shuffled - y0, 1]: one BLAS call per update, and the
-control shares X^T X with the probe.
+Selectivity: `streams.ProbeSet` fits every probe and its baselines with this module, then scores
+the held-out prompts once more with the fitted coefficients (`residual_sums`) for per-task sums,
+from which `resampled_sums` / `percentile_interval` give a bootstrap interval over held-out tasks.
+
+All statistics of a fold live in one Gram matrix G = Z^T Z with Z = [X - x0, Y - y0, 1]: one BLAS
+call per update. The control is just more target columns (the partner's Y), so it shares X^T X
+with the probe.
 """
 from __future__ import annotations
 
@@ -37,7 +46,17 @@ ALPHA_GRID = np.logspace(-10, 2, 13)
 """Ridge penalties tried, relative to the mean feature variance times the sample count."""
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
+def solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a x = b; the least-squares (minimum-norm) x where a is singular, e.g. features that never vary
+    (a constant activation): the probe then predicts the mean instead of failing."""
+    try:
+        return np.linalg.solve(a, b)
+    except np.linalg.LinAlgError:
+        return np.linalg.lstsq(a, b, rcond=None)[0]
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 of each element: a counter-based hash, so a split is a pure function of (task id, seed)."""
     x = x.astype(np.uint64)
     with np.errstate(over="ignore"):
         x = x + np.uint64(0x9E3779B97F4A7C15)
@@ -46,34 +65,70 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
-def _pair_uniform(index: np.ndarray, seed: int) -> np.ndarray:
-    """A uniform number in [0, 1) per prompt pair (i // 2), a pure function of (pair, seed)."""
-    h = _splitmix64((np.asarray(index, dtype=np.uint64) // np.uint64(2)) ^ _splitmix64(np.array([seed]))[0])
+def _task_uniform(task_id: np.ndarray, seed: int) -> np.ndarray:
+    """A uniform number in [0, 1) per task id, a pure function of (task id, seed)."""
+    h = splitmix64(np.asarray(task_id).astype(np.uint64) ^ splitmix64(np.array([seed]))[0])
     return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
-def task_subset(index: Int[Array, " batch"], seed: int, fraction: float) -> Bool[Array, " batch"]:
-    """Prompts (whole pairs) kept for the probes when only `fraction` of the tasks is needed."""
+def task_subset(task_id: Int[Array, " batch"], seed: int, fraction: float) -> Bool[Array, " batch"]:
+    """Prompts (whole tasks) kept for the probes when only `fraction` of the tasks is needed."""
     if fraction >= 1.0:
-        return np.ones(np.shape(index), dtype=bool)
-    return _pair_uniform(index, seed + 0x5EED) < fraction
+        return np.ones(np.shape(task_id), dtype=bool)
+    return _task_uniform(task_id, seed + 0x5EED) < fraction
 
 
-def task_folds(index: Int[Array, " batch"], seed: int, test_fraction: float, k: int) -> Int[Array, " batch"]:
-    """Fold of each prompt: k (test) with probability test_fraction, else uniform in 0..k-1."""
+def task_folds(task_id: Int[Array, " batch"], seed: int, test_fraction: float, k: int) -> Int[Array, " batch"]:
+    """Fold of each prompt by its task id: k (test) with probability test_fraction, else uniform in 0..k-1."""
     if not 0.0 < test_fraction < 1.0:
         raise UserError(f"probe test fraction must lie in (0, 1), got {test_fraction}")
     if k < 2:
         raise UserError(f"probe cross-validation needs at least 2 folds, got {k}")
-    u = _pair_uniform(index, seed)
+    u = _task_uniform(task_id, seed)
     test = u < test_fraction
     train_fold = np.minimum((u - test_fraction) / (1 - test_fraction) * k, k - 1).astype(np.int64)
     return np.where(test, k, train_fold)
 
 
-def partner(index: Int[Array, " batch"]) -> Int[Array, " batch"]:
-    """Pair partner of each prompt for the shuffled control."""
-    return np.asarray(index) ^ 1
+class PartnerChain:
+    """The shuffled control's partner of each prompt: the latest earlier prompt (among the prompts
+    the probes use, in recording order) whose task id differs, found while streaming.
+
+    That is the prompt just before the start of the prompt's run of equal task ids. Between chunks
+    at most two prompts are carried (the last one, and the one before its run) with their payload,
+    so the pairing does not depend on the chunk size and memory does not grow. Only the first task
+    of the recording has no partner. The partner may sit in another fold: its targets are then
+    paired with features of an unrelated task on both sides of the split, which leaks nothing about
+    the features-to-target relation the control measures. `link` is called with the chunks in order.
+    """
+
+    def __init__(self):
+        self.carry: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def link(self, use: Bool[Array, " batch"], task: Int[Array, " batch"], rows: Int[Array, " batch"],
+             payload: np.ndarray) -> tuple[Int[Array, " batch"], np.ndarray]:
+        """(the partner's row, -1 where there is none; the partner's payload, NaN where none) for one
+        chunk: `rows` are the prompts' indices in the recording, `payload` what to hand over (targets)."""
+        sel = np.nonzero(use)[0]
+        if self.carry is None:
+            self.carry = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, *payload.shape[1:])))
+        c_task, c_rows, c_pay = self.carry
+        t = np.concatenate([c_task, task[sel]])
+        g = np.concatenate([c_rows, rows[sel]])
+        p = np.concatenate([c_pay, payload[sel]])
+        mate_row = np.full(len(use), -1, dtype=np.int64)
+        out = np.full(payload.shape, np.nan)
+        if t.size:
+            run_start = np.maximum.accumulate(np.where(np.r_[True, t[1:] != t[:-1]], np.arange(t.size), 0))
+            mate = run_start - 1  # the prompt before the run: a different task by construction
+            m = mate[c_task.size :]
+            ok = m >= 0
+            mate_row[sel[ok]] = g[m[ok]]
+            out[sel[ok]] = p[m[ok]]
+            last = t.size - 1
+            keep = [mate[last], last] if mate[last] >= 0 else [last]
+            self.carry = (t[keep], g[keep], p[keep].copy())
+        return mate_row, out
 
 
 @dataclass
@@ -129,7 +184,7 @@ class RidgeStats:
         if self.n < 2:
             raise UserError("too few training samples for a ridge probe")
         cxx, cxy, _ = self.centred()
-        coef = np.linalg.solve(cxx + alpha * np.eye(self.n_features), cxy)
+        coef = solve(cxx + alpha * np.eye(self.n_features), cxy)
         return coef, self._intercept(coef)
 
     def _intercept(self, coef: np.ndarray) -> float:
@@ -186,67 +241,186 @@ def fold_grouping(fold: Int[Array, " batch"], keep: Bool[Array, " batch"], k: in
     return order, np.searchsorted(key[order], np.arange(k + 2))
 
 
+class TargetBlock:
+    """The targets of one chunk's kept samples, sorted by fold and shifted by an origin shared by
+    every probe on the same columns, with their per-fold sums and squares: built once per chunk
+    and column set instead of once per probe (copying the targets dominated the probes' cost)."""
+
+    def __init__(self, Y: list[np.ndarray], grouping, y0: np.ndarray | None = None):
+        order, bounds = grouping
+        self.rows = order[: bounds[-1]]
+        cols = Y[0].shape[1]
+        self.bounds = bounds * cols
+        width = sum(y.shape[-1] for y in Y)
+        self.Yz = np.empty((self.rows.size * cols, width))
+        at = 0
+        for y in Y:
+            self.Yz[:, at : at + y.shape[-1]] = y[self.rows].reshape(-1, y.shape[-1])
+            at += y.shape[-1]
+        self.y0 = (self.Yz.mean(0) if self.rows.size else None) if y0 is None else y0
+        if self.rows.size:
+            self.Yz -= self.y0
+        parts = [self.Yz[self.bounds[f] : self.bounds[f + 1]] for f in range(len(bounds) - 1)]
+        self.sums = [p.sum(0) for p in parts]
+        self.squares = [np.einsum("ij,ij->j", p, p) for p in parts]
+
+
 @dataclass
 class ProbeAccumulator:
-    """Fold-wise statistics of one probe (one layer, one hook) and of its shuffled control."""
+    """Fold-wise statistics of ridge probes from one feature set to T targets at once (the
+    shuffled control's targets are just more targets)."""
 
     n_features: int
     """Features per sample."""
+    n_targets: int = 1
+    """Targets per sample."""
     k: int = 5
     """Training folds for choosing alpha; fold k is the held-out test set."""
     G: np.ndarray = field(default=None)
     x0: np.ndarray = field(default=None)
-    y0: float = 0.0
+    y0: np.ndarray = field(default=None)
 
     def __post_init__(self):
-        self.G = np.zeros((self.k + 1, self.n_features + 3, self.n_features + 3))
+        size = self.n_features + self.n_targets + 1
+        self.G = np.zeros((self.k + 1, size, size))
 
-    def update(self, X: Float[Array, "batch cols f"], y: Float[Array, "batch cols"],
-               y_shuffled: Float[Array, "batch cols"], fold: Int[Array, " batch"], grouping=None) -> None:
-        """Add samples (one per prompt and column). Prompts whose y_shuffled is NaN are skipped.
+    def update(self, X: Float[Array, "batch cols f"], targets, grouping=None) -> None:
+        """Add samples (one per prompt and column) of the prompts a chunk's fold grouping keeps.
+        `targets` is a `TargetBlock` shared by every probe on the same columns (its first
+        n_targets targets are used), or a list of [batch, cols, t] arrays with `grouping`.
 
-        `grouping` = fold_grouping(fold, keep, k) may be passed in when several probes
-        share a chunk, so the prompts are sorted by fold once.
-        """
-        F = self.n_features
-        if self.x0 is None:
-            self.x0 = X.reshape(-1, F).mean(0, dtype=np.float64)
-            self.y0 = float(np.mean(y, dtype=np.float64))
-        if grouping is None:
-            grouping = fold_grouping(fold, np.isfinite(y_shuffled).all(-1), self.k)
-        order, bounds = grouping
-        cols = X.shape[1]
-        rows = order[: bounds[-1]]
-        Z = np.empty((rows.size * cols, F + 3))  # rows sorted by fold, so each fold is a slice
-        Z[:, :F] = X[rows].reshape(-1, F)
-        Z[:, :F] -= self.x0
-        Z[:, F] = y[rows].ravel()
-        Z[:, F + 1] = y_shuffled[rows].ravel()
-        Z[:, F : F + 2] -= self.y0
-        Z[:, F + 2] = 1.0
+        Only the parts of G a ridge fit and its residuals need are accumulated: X^T [X, Y, 1], the
+        sums row and the diagonal of Y^T Y (w_t^T G w_t never touches Y_s^T Y_t, s != t), and the
+        target parts come precomputed with the block: with many targets that is several times
+        cheaper than Z^T Z per probe. `_gram` fills in the symmetric part."""
+        if not isinstance(targets, TargetBlock):
+            targets = TargetBlock(targets, grouping, self.y0)  # shifted by this accumulator's origin
+        F, T, tb = self.n_features, self.n_targets, targets
+        if tb.rows.size == 0:
+            return
+        if self.x0 is None:  # a fixed shift for numerical stability: the first kept samples' mean
+            self.x0, self.y0 = X[tb.rows].reshape(-1, F).mean(0), tb.y0[:T]
+        Xz = X[tb.rows].reshape(-1, F) - self.x0  # rows sorted by fold, so each fold is a slice
         for f in range(self.k + 1):
-            part = Z[bounds[f] * cols : bounds[f + 1] * cols]
-            if part.shape[0]:
-                self.G[f] += part.T @ part
+            lo, hi = tb.bounds[f], tb.bounds[f + 1]
+            if hi > lo:
+                G, Xf = self.G[f], Xz[lo:hi]
+                G[:F, :F] += Xf.T @ Xf
+                G[:F, F : F + T] += Xf.T @ tb.Yz[lo:hi, :T]
+                sx = Xf.sum(0)
+                G[:F, -1] += sx
+                G[-1, :F] += sx
+                G[-1, F : F + T] += tb.sums[f][:T]
+                G[np.arange(F, F + T), np.arange(F, F + T)] += tb.squares[f][:T]
+                G[-1, -1] += hi - lo
 
-    def _stats(self, shuffled: bool) -> list[RidgeStats]:
-        F = self.n_features
-        idx = list(range(F)) + [F + 1 if shuffled else F, F + 2]
-        return [RidgeStats(F, g[np.ix_(idx, idx)].copy(), self.x0, self.y0) for g in self.G]
+    def _gram(self) -> np.ndarray:
+        """The per-fold G with its symmetric blocks filled in (Y^T Y off the diagonal stays 0)."""
+        F, T = self.n_features, self.n_targets
+        G = self.G.copy()
+        G[:, F : F + T, :F] = np.swapaxes(G[:, :F, F : F + T], 1, 2)
+        G[:, F : F + T, -1] = G[:, -1, F : F + T]
+        return G
+
+    def _centred(self, G: np.ndarray):
+        """(n, mean x, mean y, X_c^T X_c, X_c^T Y_c) in shifted coordinates."""
+        F, T = self.n_features, self.n_targets
+        n = G[-1, -1]
+        mx, my = G[:F, -1] / n, G[F : F + T, -1] / n
+        return n, mx, my, G[:F, :F] - n * np.outer(mx, mx), G[:F, F : F + T] - n * np.outer(mx, my)
+
+    def _sse(self, G: np.ndarray, coef: np.ndarray, b0: np.ndarray) -> np.ndarray:
+        """Sum of squared residuals per target, w_t^T G w_t with w_t = (-coef_t, e_t, -b0_t)."""
+        W = np.vstack([-coef, np.eye(self.n_targets), -b0[None]])
+        return np.maximum(((G @ W) * W).sum(0), 0.0)
 
     def result(self) -> dict:
-        """Held-out R^2 (fold k), the chosen alpha, the coefficients and the shuffled control's R^2."""
-        out = {}
-        for shuffled in (False, True):
-            stats = self._stats(shuffled)
-            test = stats[self.k]
-            if test.n == 0:
-                raise UserError("no held-out tasks for the probe: record more prompts")
-            alpha, train = select_alpha(stats[: self.k])
-            coef, b = train.fit(alpha)
-            if shuffled:
-                out["r2_shuffled"] = test.r2(coef, b)
-            else:
-                out.update({"r2": test.r2(coef, b), "alpha": alpha, "coef": coef, "intercept": b,
-                            "n_train": int(train.n), "n_test": int(test.n)})
-        return out
+        """Per target: the penalty chosen by K-fold CV over the training folds (ALPHA_GRID times the
+        mean feature variance times the sample count; one eigendecomposition per fold serves every
+        penalty and target), the training fit, and its held-out sse / sst / R^2 on fold k."""
+        F, T, k = self.n_features, self.n_targets, self.k
+        G = self._gram()
+        test, train = G[k], G[:k].sum(0)
+        if test[-1, -1] == 0:
+            raise UserError("no held-out tasks for the probe: record more prompts (or tasks)")
+        if train[-1, -1] < 2:
+            raise UserError("too few training tasks for a ridge probe")
+        n, mx, my, cxx, cxy = self._centred(train)
+        alphas = max(float(np.trace(cxx)) / F, 1e-300) * ALPHA_GRID
+        cv = np.zeros((len(alphas), T))
+        for held in G[:k]:
+            rest = train - held
+            if held[-1, -1] == 0 or rest[-1, -1] < 2:
+                continue
+            _, rmx, rmy, rxx, rxy = self._centred(rest)
+            lam, U = np.linalg.eigh(rxx)
+            proj = U.T @ rxy
+            for i, a in enumerate(alphas):
+                coef = U @ (proj / (np.maximum(lam, 0.0) + a)[:, None])
+                cv[i] += self._sse(held, coef, rmy - rmx @ coef)
+        best = np.argmin(cv, axis=0)  # the first (smallest) penalty among ties
+        coef = np.empty((F, T))
+        for i in np.unique(best):
+            coef[:, best == i] = solve(cxx + alphas[i] * np.eye(F), cxy[:, best == i])
+        b0 = my - mx @ coef
+        nt, _, tmy, _, _ = self._centred(test)
+        sse = self._sse(test, coef, b0)
+        sst = np.maximum(np.diag(test)[F : F + T] - nt * tmy**2, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r2 = np.where(sst > 0, 1.0 - sse / sst, np.nan)
+        return {"r2": r2, "sse": sse, "sst": sst, "alpha": alphas[best], "coef": coef,
+                "intercept": (my + self.y0) - (mx + self.x0) @ coef, "n_train": int(n), "n_test": int(nt)}
+
+
+def residual_sums(X: Float[Array, "batch cols f"], Y: Float[Array, "batch cols t"], coef: np.ndarray,
+                  intercept: np.ndarray) -> Float[Array, "batch t"]:
+    """Per prompt and target, the sum over columns of the squared held-out residuals of a fitted probe."""
+    r = Y - (X.reshape(-1, X.shape[-1]) @ coef).reshape(*X.shape[:2], coef.shape[1]) - intercept
+    return (r * r).sum(1)
+
+
+BOOTSTRAP = 1000
+"""Resamples of the held-out tasks for the selectivity interval."""
+MIN_CI_TASKS = 5
+"""Fewer held-out tasks than this: no interval (null)."""
+LEVEL = 0.95
+"""Coverage of the selectivity interval."""
+
+
+def r2_of_sums(sse, n, sy, syy):
+    """R^2 from summed residuals and target sums (n samples, sum y, sum y^2); NaN where sst = 0."""
+    sst = syy - sy * sy / np.maximum(n, 1e-300)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(sst > 1e-300, 1.0 - sse / sst, np.nan)
+
+
+def resampled_sums(M: Float[Array, "tasks c"], seed: int, resamples: int = BOOTSTRAP):
+    """Column sums of M over bootstrap resamples of its rows (tasks drawn with replacement), a block
+    of resamples at a time ([b, c] each). The block's weight matrix holds at most ~2^15 entries, so
+    memory does not grow with the number of resamples; one matrix product serves every column, so
+    all probes, baselines and targets share the same resamples."""
+    tasks = M.shape[0]
+    rng = np.random.default_rng([seed, 0xB007])
+    block = max(1, (1 << 15) // max(tasks, 1))
+    for lo in range(0, resamples, block):
+        b = min(block, resamples - lo)
+        draw = rng.integers(0, tasks, size=(b, tasks)) + (np.arange(b) * tasks)[:, None]  # flat (resample, task)
+        w = np.bincount(draw.ravel(), minlength=b * tasks).reshape(b, tasks).astype(np.float64)
+        yield w @ M
+
+
+def percentile_interval(samples: Float[Array, "r t"], level: float = 0.95) -> Float[Array, "2 t"]:
+    """The central `level` percentile interval of each column, over its finite samples (NaN if none)."""
+    tail = (1 - level) / 2 * 100
+    out = np.full((2, samples.shape[1]), np.nan)
+    for t in range(samples.shape[1]):
+        ok = np.isfinite(samples[:, t])
+        if ok.any():
+            out[:, t] = np.percentile(samples[ok, t], [tail, 100 - tail])
+    return out
+
+
+def max_baseline(base: Float[Array, "... b t"]) -> Float[Array, "... t"]:
+    """The largest baseline R^2 along axis -2, ignoring NaN ones (NaN only when all are)."""
+    worst = np.where(np.isnan(base), -np.inf, base).max(-2)
+    return np.where(np.isneginf(worst), np.nan, worst)

@@ -58,6 +58,16 @@ def check_fits(name: str, matrix: np.ndarray, layout: PromptLayout) -> np.ndarra
     return matrix
 
 
+def shape_mismatch(params: dict, layout: PromptLayout) -> str | None:
+    """Why the parameters are not matrices of the layout's prompt basis (the first, by name, that is not
+    d_model x d_model; e.g. a model that embeds its input has its own width), or None when all are."""
+    D = layout.d_model
+    bad = sorted((k, tuple(np.shape(v))) for k, v in params.items() if tuple(np.shape(v)) != (D, D))
+    if not bad:
+        return None
+    return f"parameter {bad[0][0]} has shape {bad[0][1]} but the {layout.family} layout has d_model = {D}"
+
+
 def split_param_name(name: str) -> tuple[int, str]:
     """'blocks.3.attn.P' -> (3, 'P'); UserError for other names."""
     m = _PARAM.match(name)

@@ -13,8 +13,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="checkpoint directory, HDF5 recording, TL .safetensors weights, or a directory of them")
     p.add_argument("--json", metavar="OUT.json", help="write the analysis here (one object, or a list for several inputs)")
     p.add_argument("--workers", type=int, default=None, help="parallel processes (default: one per input, at most the CPUs)")
-    p.add_argument("--layout", metavar="LAYOUT.json", help="prompt layout file for TL weights or generic recordings")
+    p.add_argument("--layout", metavar="LAYOUT.json",
+                   help="prompt layout file: how to read a generic recording's residual stream (value error; alone) "
+                        "and how to cut TL weights into blocks (with --family)")
     p.set_defaults(_fields=add_fields(p, AnalyzeOptions, skip=("layout",), aliases={"probe_max_tasks": ("--probe-tasks",)}))
+
+
+def status_of(row: dict) -> tuple[str, str]:
+    from ..analyzers.analyze import status_of as status
+
+    return status(row)
 
 
 def _fmt(x, spec=".3g") -> str:
@@ -53,9 +61,30 @@ def table(rows: list[dict]) -> str:
             wm = acts.get("wang_metrics")
             if wm:
                 lines.append(f"   VD {_fmt(wm['VD'])}, SS {_fmt(wm['SS'], '.4f')}, IWS {_fmt(wm['IWS'], '.4f')}")
+            lines += _readout_lines(acts.get("readouts"))
         for k, why in (r.get("skipped") or {}).items():
             lines.append(f"   skipped {k}: {why}")
+        status, why = status_of(r)
+        lines.append(f"   status: {status}" + (f" ({why})" if why and status != "ok" else ""))
     return "\n".join(lines)
+
+
+def _readout_lines(ro: dict | None) -> list[str]:
+    """One line per readout lens: its value error by layer beside the reference algorithm's."""
+    if not isinstance(ro, dict):
+        return []
+    lines = [f"   readouts ({ro.get('target')}: {ro.get('target_description')})"]
+    for name, lens in (ro.get("lenses") or {}).items():
+        layers = lens.get("layers") or []
+        errs = " ".join(_fmt(x.get("value_error")) for x in layers)
+        refs = " ".join(_fmt(x.get("reference_value_error")) for x in layers)
+        base = " ".join(_fmt(x.get("random_init_value_error")) for x in layers)
+        conv = lens.get("convergence") or {}
+        where = "all prompts" if lens.get("prompts") == "all" else lens.get("prompts")
+        lines.append(f"   {name} on {where}, value error by layer: {errs} (model output "
+                     f"{_fmt(lens.get('output_value_error'))}; rate {_fmt(conv.get('rate'))}/layer)")
+        lines.append(f"   {'':{len(name)}} reference algorithm at the same depth: {refs}; random init: {base}")
+    return lines
 
 
 def run(args) -> int:
@@ -65,20 +94,30 @@ def run(args) -> int:
     from ..cli_fields import build, given
     from ..errors import UserError
     from ..files import write_json
+    from ..outputs import check_finite, output_file
 
     values = {"progress": sys.stderr.isatty(), **given(args, args._fields)}
     if args.workers is not None and args.workers < 1:
         raise UserError("--workers must be at least 1")
+    if values.get("seed", 0) < 0:
+        raise UserError(f"--seed must be a non-negative integer, got {values['seed']}")
+    head = values.get("head", 0)
+    if head < 0:
+        raise UserError(f"--head must be a non-negative head index, got {head}")
+    if head > 0 and values.get("family") is None:
+        raise UserError(f"--head {head} does not exist: the package's models have 1 attention head per layer "
+                        "(head 0); --head picks a head of TransformerLens weights read with --family")
     if not values.get("chunk_mib", 1.0) > 0:
         raise UserError("--chunk-mib must be positive")
     if values.get("family") is not None:
         registry.get(values["family"])  # one line naming the known families
-    if (values.get("family") is None) != (args.layout is None):
-        raise UserError("--family and --layout go together (they say how to read TL weights)")
     if values.get("probe_max_tasks", 0) < 0:
         raise UserError("--probe-tasks must be >= 0 (0 = all tasks)")
     values["layout"] = read_layout_file(args.layout).to_dict() if args.layout else None
     opts = build(AnalyzeOptions, values)
+    check_finite(opts)
+    if args.json is not None:
+        output_file(args.json, "--json", inputs=[*args.inputs, *([args.layout] if args.layout else [])])
     rows = analyze_many(args.inputs, workers=args.workers, options=opts)
     print(table(rows))
     if args.json:
@@ -86,4 +125,7 @@ def run(args) -> int:
     failed = [r for r in rows if "error" in r]
     for r in failed:
         print(f"icrl-interp analyze: error: {r['source']}: {r['error']}", file=sys.stderr)
-    return 2 if failed else 0
+    empty = [(r, status_of(r)[1]) for r in rows if "error" not in r and status_of(r)[0] == "nothing analyzed"]
+    for r, why in empty:
+        print(f"icrl-interp analyze: nothing analyzed: {r['source']}: {why}", file=sys.stderr)
+    return 2 if failed or empty else 0

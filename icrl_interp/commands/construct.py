@@ -26,7 +26,12 @@ def run(args) -> int:
     from .. import checkpoint
     from ..cli_fields import given
     from ..construct import construct
+    from ..errors import UserError
+    from ..outputs import output_dir
 
+    if args.seed < 0:
+        raise UserError(f"--seed must be a non-negative integer, got {args.seed}")
+    output_dir(args.out, "--out", replaces=True, force=args.force)
     out = construct(args.family, given(args, args._fields), args.out, seed=args.seed, overwrite=args.force)
     print(f"wrote theta* {args.family} checkpoint {out} (sha256 {checkpoint.sha256(out)[:16]})")
     return 0

@@ -20,14 +20,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from pathlib import Path
+
     from .. import control
     from ..cli_fields import build, given
+    from ..errors import UserError
+    from ..files import atomic_path
+    from ..outputs import check_finite, mark_png, output_file
 
     cfg = build(control.ControlConfig, given(args, args._fields))
+    check_finite(cfg)
+    if cfg.seed < 0:
+        raise UserError(f"--seed must be a non-negative integer, got {cfg.seed}")
+    inputs = [args.checkpoint]
+    if args.json is not None:
+        output_file(args.json, "--json", inputs=inputs)
+    if args.figure is not None:
+        output_file(args.figure, "--figure", inputs=inputs, suffixes=(".png",))
+        if args.json is not None and Path(args.json).resolve() == Path(args.figure).resolve():
+            raise UserError("--json and --figure name the same file; give two names")
     result = control.run_checkpoint(args.checkpoint, cfg, progress=not args.no_progress)
     print(control.format_table(result))
     if args.json:
         print(f"wrote {control.write_json(result, args.json)}")
     if args.figure:
-        print(f"wrote {control.plot_returns([result], args.figure)}")
+        with atomic_path(args.figure, suffix=".png") as tmp:  # marked as ours, then moved into place
+            mark_png(control.plot_returns([result], tmp))
+        print(f"wrote {args.figure}")
     return 0

@@ -15,8 +15,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from pathlib import Path
+
     from ..cli_fields import build, given
     from ..demo import DemoConfig, run_demo
+    from ..errors import UserError
 
-    failed = run_demo(build(DemoConfig, given(args, args._fields)))
+    values = given(args, args._fields)
+    if "out" in values:
+        if not values["out"].strip():
+            raise UserError("--out is empty; give a path")
+        values["out"] = Path(values["out"])
+    failed = run_demo(build(DemoConfig, values))
     return 1 if failed else 0

@@ -17,7 +17,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from .. import envs
+    from ..errors import UserError
+    from ..outputs import check_fits
 
+    if args.seed < 0:
+        raise UserError(f"--seed must be a non-negative integer, got {args.seed}")
+    states = args.states or (10 if args.kind == "boyan" else 9)
+    actions = args.actions if args.kind == "mdp" else 1
+    if args.tasks >= 1 and states >= 1 and actions >= 1:  # smaller values: the samplers say what is wrong
+        check_fits(lambda s: 8 * 8 * s["tasks"] * s["states"] ** 2 * s["actions"] + 8 * 2**10 * s["tasks"],
+                   {"tasks": args.tasks, "states": states, "actions": actions},
+                   {"tasks": "--tasks", "states": "--states", "actions": "--actions"}, "the tasks")
     np.set_printoptions(precision=3, suppress=True)
     if args.kind == "boyan":
         mrp = envs.sample_boyan_chains(args.tasks, args.states or 10, gamma=0.9 if args.gamma is None else args.gamma, rng=args.seed)

@@ -20,9 +20,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from ..analyzers.inputs import discover
     from ..cli_fields import build, given
     from ..errors import UserError
     from ..report import ReportConfig, build_report
+    from ..report.batch import claim_out_dir, write_figure_manifest
     from ..report.headline import text_table
 
     values = {"workers": min(4, os.cpu_count() or 1), **given(args, args._fields)}  # the CLI uses up to 4 cores
@@ -34,7 +36,12 @@ def run(args) -> int:
     if config.max_recordings < 0:
         raise UserError(f"--max-recordings must be non-negative, got {config.max_recordings}")
     config.control()  # bad --control-* values fail before any work
-    outcome = build_report(args.inputs, args.out, config)
+    for found in discover(args.inputs):
+        if found.kind == "missing":
+            raise UserError(f"input {found.path} {found.problem}; check the path (nothing was written)")
+    out = claim_out_dir(args.out, args.inputs)
+    outcome = build_report(args.inputs, out, config)
+    write_figure_manifest(out, outcome.figures)
     reused = sum(r.cached for r in outcome.results)
     print(text_table(outcome.results))
     print(f"\n{len(outcome.results)} inputs: {len(outcome.results) - outcome.n_failed} analyzed "

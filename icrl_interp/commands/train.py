@@ -81,8 +81,10 @@ def config_from_args(args):
         try:
             with open(args.config) as f:
                 overrides = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:
             raise UserError(f"cannot read config file {args.config}: {e}") from None
+        except RecursionError:
+            raise UserError(f"config file {args.config} is nested too deeply; it must hold one flat JSON object") from None
         if not isinstance(overrides, dict):
             raise UserError(f"config file {args.config} must hold a JSON object")
         if overrides.pop("family", args.family) != args.family:
@@ -90,13 +92,85 @@ def config_from_args(args):
         overrides.pop("run_id", None)
     names = [f.name for f in dataclasses.fields(recipe(args.family).config_class) if f.name not in SKIP]
     overrides.update(given(args, names))
-    return config_for(args.family, **overrides)
+    try:
+        return config_for(args.family, **overrides)
+    except OverflowError as e:  # e.g. a config file's 1e400 for an integer
+        raise UserError(f"an option is out of range ({e}); give finite numbers") from None
+
+
+SIZE_FIELDS = ("d", "n_states", "n_actions", "n", "n_layers", "batch", "tasks_per_step", "trajectories_per_task",
+               "windows", "eval_tasks")
+"""Config fields that set how much a run allocates (those a family has)."""
+
+
+def check_size(cfg) -> None:
+    """Refuse a config whose model, batches or evaluation do not fit in memory (before anything is made)."""
+    from ..construct import LAYER_OVERHEAD
+    from ..errors import UserError
+    from ..outputs import check_fits
+    from ..train.recipe import recipe_of
+
+    sizes = {k: getattr(cfg, k) for k in SIZE_FIELDS
+             if isinstance(getattr(cfg, k, None), int) and not isinstance(getattr(cfg, k), bool)}
+    item = 8 if cfg.dtype == "float64" else 4
+    recipe_of(cfg).model_config(cfg)  # its own errors first
+
+    def estimate(s: dict) -> int:
+        try:
+            model = recipe_of(cfg).model_config(dataclasses.replace(cfg, **s))
+        except UserError:  # sizes that do not make a model: the others decide
+            return 2**200
+        D, L, n, S, A = model.D, model.n_layers, s.get("n", 1), s.get("n_states", 1), s.get("n_actions", 1)
+        tasks = s.get("batch", 1) * s.get("tasks_per_step", 1)
+        seqs = tasks * s.get("trajectories_per_task", 1) * (s.get("windows", 0) + 1)
+        per_prompt = item * ((n + 1) * D * (L + 1) * 4 + (n + 1) ** 2 * L * 2)  # activations, grads, attention
+        task_data = 8 * 3 * S * S * A + 8 * 3 * (n + s.get("windows", 0) + 2)
+        params = 4 * item * sum(a * b for a, b in model.parameter_shapes().values()) + LAYER_OVERHEAD * L
+        return params + max(seqs * per_prompt + tasks * task_data, s.get("eval_tasks", 1) * (per_prompt + task_data))
+
+    check_fits(estimate, sizes, {k: "--" + k.replace("_", "-") for k in sizes}, "one training step")
+
+
+def check_disk(cfg, run_dir) -> None:
+    """Refuse --steps whose checkpoints and metrics would not fit on the disk of the run directory."""
+    import shutil
+    from pathlib import Path
+
+    from ..errors import UserError
+    from ..outputs import human
+    from ..train.recipe import recipe_of
+
+    params = sum(a * b for a, b in recipe_of(cfg).model_config(cfg).parameter_shapes().values())
+    need = (cfg.steps // cfg.checkpoint_every + 1) * (3 * 8 * params + 8 * 2**10) + (cfg.steps // cfg.log_every + 1) * 256
+    free = shutil.disk_usage(Path(run_dir).resolve().parent).free
+    if need > free:
+        raise UserError(f"--steps {cfg.steps} writes ~{human(need)} of checkpoints and metrics (one checkpoint every "
+                        f"{cfg.checkpoint_every} steps); the disk has {human(free)} free: lower --steps or raise "
+                        "--checkpoint-every")
 
 
 def run(args) -> int:
-    from ..train import train
+    from pathlib import Path
 
+    from ..errors import UserError
+    from ..outputs import check_finite, output_dir
+    from ..train import train
+    from ..train.trainer import is_run_dir
+
+    if not 1 <= args.threads <= 1024:
+        raise UserError(f"--threads must be between 1 and 1024, got {args.threads}")
     cfg = config_from_args(args)
+    check_finite(cfg)
+    if cfg.seed < 0:
+        raise UserError(f"--seed must be a non-negative integer, got {cfg.seed}")
+    check_size(cfg)
+    output_dir(args.out, "--out", inputs=[args.config] if args.config else [], owned=is_run_dir,
+               what="training run directory")
+    if args.export is not None:
+        if str(args.export).strip() and Path(args.export).resolve() == Path(args.out).resolve():
+            raise UserError(f"--export {args.export} is the run directory (--out); export to another directory")
+        output_dir(args.export, "--export", inputs=[args.out], replaces=True)
+    check_disk(cfg, args.out)
     result = train(cfg, args.out, progress=not args.no_progress, evaluate=not args.no_eval, threads=args.threads)
     if result.resumed_from:
         print(f"resumed from step {result.resumed_from}")

@@ -81,28 +81,28 @@ def policy_features(n_states: int, n_actions: int) -> Float[Array, "s a m"]:
     return envs.state_action_onehot(n_states, n_actions)
 
 
-def policy_logits(lam: Float[Array, "batch m"], phi_pi: Float[Array, "s a m"]) -> Float[Array, "batch s a"]:
-    """lam . phi_pi(s, a) for every (s, a)."""
-    return np.einsum("sam,bm->bsa", phi_pi, lam)
+def policy_logits(lam: Float[Array, "batch m"], phi_pi: Float[Array, "*batch s a m"]) -> Float[Array, "batch s a"]:
+    """lam . phi_pi(s, a) for every (s, a); phi_pi shared [s, a, m] or per task [batch, s, a, m]."""
+    return np.einsum("bsam,bm->bsa" if np.ndim(phi_pi) == 4 else "sam,bm->bsa", phi_pi, lam)
 
 
-def policy(lam: Float[Array, "batch m"], phi_pi: Float[Array, "s a m"]) -> Float[Array, "batch s a"]:
+def policy(lam: Float[Array, "batch m"], phi_pi: Float[Array, "*batch s a m"]) -> Float[Array, "batch s a"]:
     """pi_lam(a|s) ∝ exp(lam . phi_pi(s, a))."""
     return envs.softmax_policy(policy_logits(lam, phi_pi))
 
 
 def mdp_columns(mdp: envs.MDPBatch, traj: envs.Trajectories, lam: Float[Array, "batch m"],
-                phi_pi: Float[Array, "s a m"]) -> dict[str, np.ndarray]:
+                phi_pi: Float[Array, "*batch s a m"]) -> dict[str, np.ndarray]:
     """phi_i, phi+_i, rewards and undiscounted scores g_lam(s_i, a_i) of an MDP trajectory batch."""
     phi, phi_next, states, actions = layouts.mdp_columns(mdp, traj)
-    phi_pi_b = np.broadcast_to(phi_pi, (mdp.batch,) + phi_pi.shape)
+    phi_pi_b = phi_pi if np.ndim(phi_pi) == 4 else np.broadcast_to(phi_pi, (mdp.batch,) + phi_pi.shape)
     scores = reference.policy_score(lam, phi_pi_b, traj.states[:, :-1], traj.actions[:, :-1])
     return {"phi": phi, "phi_next": phi_next, "rewards": traj.rewards, "scores": scores, "states": states,
             "actions": actions}
 
 
 def prompt_from_mdp(mdp: envs.MDPBatch, traj: envs.Trajectories, w: Float[Array, "batch d"],
-                    lam: Float[Array, "batch m"], phi_pi: Float[Array, "s a m"]) -> layouts.Prompt:
+                    lam: Float[Array, "batch m"], phi_pi: Float[Array, "*batch s a m"]) -> layouts.Prompt:
     """Prompt from trajectories (s_0, a_0, ..., s_n, a_n) of pi_lam and the parameters (w, lam)."""
     c = mdp_columns(mdp, traj, lam, phi_pi)
     return prompt(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam, mdp.gamma, c["states"], c["actions"])
@@ -186,19 +186,30 @@ def reference_from_prompt(z: np.ndarray, model, constants: dict) -> dict[str, np
     return reference_step(z, model.d, model.m, model.gamma, model.alpha, beta)
 
 
-def tabular_policy_features(d: int, m: int, n_states: int, n_actions: int) -> np.ndarray:
-    """One-hot phi and phi_pi, checked against the model's (d, m)."""
-    if n_states * n_actions != d or m != d:
+def tabular_policy_features(d: int, m: int, n_states: int, n_actions: int, sa_features: str = "onehot") -> np.ndarray:
+    """One-hot phi and phi_pi, checked against the model's (d, m). With a random feature map the policy uses the
+    critic's features (phi_pi = phi, per MDP: `MDPBatch.feature_table`), so only m = d is checked and the
+    one-hot table is returned for the record."""
+    if sa_features != "onehot":
+        if m != d:
+            raise UserError(f"actor-critic with {sa_features} features uses phi_pi = phi: m must equal d = {d}, got m = {m}")
+    elif n_states * n_actions != d or m != d:
         raise UserError(f"actor-critic on tabular MDPs uses one-hot features: d = m = n_states*n_actions = "
                         f"{n_states * n_actions}, but the model has d = {d}, m = {m}")
     return policy_features(n_states, n_actions)
 
 
+def mdp_policy_features(mdp: envs.MDPBatch) -> np.ndarray:
+    """phi_pi of the MDPs: the shared one-hot table [s, a, m], or the MDPs' own features [batch, s, a, d]."""
+    return policy_features(mdp.n_states, mdp.n_actions) if mdp.phi is None else mdp.phi
+
+
 def sample(config, task: sampling.TaskSpec, batch: int, rng: np.random.Generator) -> sampling.PromptBatch:
-    """Random MDPs, w and lam ~ N(0, w_scale^2 I), n steps of pi_lam each."""
+    """Random MDPs with the task's features, w and lam ~ N(0, w_scale^2 I), n steps of pi_lam each."""
     model = config.model
-    phi_pi = tabular_policy_features(model.d, model.m, task.n_states, task.n_actions)
-    mdp = sampling.onehot_mdps(task, model.d, model.gamma, batch, rng)
+    tabular_policy_features(model.d, model.m, task.n_states, task.n_actions, task.sa_features)
+    mdp = sampling.task_mdps(task, model.d, model.gamma, batch, rng)
+    phi_pi = mdp_policy_features(mdp)
     w = task.w_scale * rng.standard_normal((batch, model.d))
     lam = task.w_scale * rng.standard_normal((batch, model.m))
     pi = policy(lam, phi_pi)
@@ -219,15 +230,15 @@ class Control(sarsa.Control):
         return 2 * self.d
 
     def action_values(self, params: Float[Array, "batch p"]) -> Float[Array, "batch s a"]:
-        """The policy logits lam . phi_pi(s, a)."""
-        return params[:, self.d :].reshape(-1, self.n_states, self.n_actions)
+        """The policy logits lam . phi_pi(s, a) (phi_pi = phi)."""
+        return self._linear(params[:, self.d :])
 
     def policy(self, params: Float[Array, "batch p"]) -> Float[Array, "batch s a"]:
         return envs.softmax_policy(self.action_values(params))
 
     def prompt_and_teacher(self, mdp, traj, params):
         w, lam = split(params, self.d)
-        c = mdp_columns(mdp, traj, lam, policy_features(self.n_states, self.n_actions))
+        c = mdp_columns(mdp, traj, lam, mdp_policy_features(mdp))
         p = prompt(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam, self.gamma)
         w_new, lam_new = reference.actor_critic_update(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam,
                                                        self.gamma, self.alpha, self.beta)
@@ -240,14 +251,16 @@ class Control(sarsa.Control):
 def control(config, epsilon: float = 0.1) -> Control:
     """The actor-critic rule a checkpoint config mimics (actor step alpha, critic step beta)."""
     n_states, n_actions = sarsa.mdp_shape(config)
-    tabular_policy_features(config.model.d, int(config.model.m), n_states, n_actions)
+    tabular_policy_features(config.model.d, int(config.model.m), n_states, n_actions, config.task.sa_features)
     k = config.constants
-    return Control(n_states, n_actions, config.model.gamma, config.model.alpha, k["beta"], epsilon)
+    return Control(n_states, n_actions, config.model.gamma, config.model.alpha, k["beta"], epsilon,
+                   **sarsa.feature_options(config))
 
 
 @dataclass
 class Construct(sarsa.Construct):
-    """theta* of actor-critic: one LSA layer, tabular softmax policy (d = m = states * actions)."""
+    """theta* of actor-critic: one LSA layer, softmax policy on the critic's features (m = d; one-hot:
+    d = states * actions)."""
 
     alpha: float = 1.0
     """The actor's step alpha (--critic-step is the critic's)."""

@@ -8,7 +8,8 @@ Evaluation: held-out teacher-mimicking loss, the best c of (P12, V21bar) against
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -21,7 +22,7 @@ from ..models import ModelConfig
 from ..train.recipe import Recipe, Trends
 from ..train.util import param, tensor, torch_dtype
 from . import sarsa, sarsa_training
-from .actor_critic import NAME, mdp_columns, policy, policy_features, prompt, readout, theta_star_blocks
+from .actor_critic import NAME, mdp_columns, mdp_policy_features, policy, prompt, readout, theta_star_blocks
 from .sarsa_training import SarsaBatch, SarsaTrainConfig
 
 
@@ -40,17 +41,31 @@ class ActorCriticTrainConfig(SarsaTrainConfig):
     """Critic step: w' = w + (beta/n) sum_i delta_i phi_i."""
     lam_std: float = 0.5
     """Policy parameters in the prompt: lam ~ N(0, lam_std^2 I)."""
+    lam_std_max: float | None = None
+    """If set, each prompt's std of lam is drawn log-uniformly from [lam_std, lam_std_max]: the closed loop's lam
+    grows well past lam_std (|lam| ~ 14-16 after 1000 updates at alpha 32, d 36), and training must cover it."""
+    loss_weights: str = field(default="equal", metadata={"choices": ("equal", "steps")})
+    """How the critic's and the actor's squared errors add up in the loss: 'equal', or 'steps' = each divided
+    by its step size squared (beta^2, alpha^2), so a small critic step does not make the critic (which sees all
+    n transitions, where the actor's discounted score sees ~1/(1 - gamma^2)) vanish from the loss."""
+
+    LATE_FIELDS: ClassVar[tuple[str, ...]] = SarsaTrainConfig.LATE_FIELDS + ("lam_std_max", "loss_weights")
 
     def validate(self) -> "ActorCriticTrainConfig":
         super().validate()
         check(not self.span_projection, f"span_projection is implemented for {sarsa.NAME} only, not {NAME}")
         check(self.lam_std >= 0, f"lam_std must be non-negative, got {self.lam_std}")
+        check(self.lam_std_max is None or self.lam_std_max >= self.lam_std > 0,
+              f"lam_std_max must be at least lam_std > 0, got {self.lam_std_max} (lam_std {self.lam_std})")
+        check(self.loss_weights in ("equal", "steps"), f"loss_weights must be 'equal' or 'steps', got {self.loss_weights!r}")
+        check(self.loss_weights == "equal" or (self.alpha != 0 and self.beta != 0),
+              "loss_weights 'steps' needs non-zero alpha and beta")
         return self
 
 
 def model_config(cfg: ActorCriticTrainConfig) -> ModelConfig:
-    """Tabular softmax policy: m = d = n_states * n_actions."""
-    d = cfg.n_states * cfg.n_actions
+    """Softmax policy on the critic's features: m = d (n_states * n_actions for one-hot)."""
+    d = cfg.feature_dim
     return ModelConfig(family=NAME, d=d, m=d, n_layers=1, gamma=cfg.gamma, alpha=cfg.alpha, dtype=cfg.dtype)
 
 
@@ -59,31 +74,46 @@ def sample_actor_critic(cfg: ActorCriticTrainConfig, rng: np.random.Generator, s
     and the teacher's [w'; lam'] (a SarsaBatch whose `w` holds [w; lam])."""
     batch = cfg.batch if size is None else size
     mdp = sarsa_training.sample_mdps(cfg, batch, rng)
-    d = cfg.n_states * cfg.n_actions
-    phi_pi = policy_features(cfg.n_states, cfg.n_actions)
-    w, lam = cfg.w_std * rng.standard_normal((batch, d)), cfg.lam_std * rng.standard_normal((batch, d))
+    d = cfg.feature_dim
+    phi_pi = mdp_policy_features(mdp)
+    if cfg.w_std_max is None and cfg.lam_std_max is None:  # the original draw, kept bit for bit
+        w, lam = cfg.w_std * rng.standard_normal((batch, d)), cfg.lam_std * rng.standard_normal((batch, d))
+    else:
+        w = sarsa_training.draw_params(cfg.w_std, cfg.w_std_max, batch, d, rng)
+        lam = sarsa_training.draw_params(cfg.lam_std, cfg.lam_std_max, batch, d, rng)
     traj = mdp.sample(policy(lam, phi_pi), cfg.n, rng)
     c = mdp_columns(mdp, traj, lam, phi_pi)
     z = prompt(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam, cfg.gamma).z
     w_new, lam_new = reference.actor_critic_update(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam, cfg.gamma,
                                                    cfg.alpha, cfg.beta)
     dtype = torch_dtype(cfg.dtype)
+    weight = None
+    if cfg.loss_weights == "steps":
+        weight = tensor(np.concatenate([np.full(d, cfg.beta ** -2.0), np.full(d, cfg.alpha ** -2.0)]), dtype)
     return SarsaBatch(z=tensor(z, dtype), w=tensor(np.concatenate([w, lam], -1), dtype),
-                      target=tensor(np.concatenate([w_new, lam_new], -1), dtype))
+                      target=tensor(np.concatenate([w_new, lam_new], -1), dtype), weight=weight)
 
 
 def mimicking_loss(model, batch: SarsaBatch) -> Tensor:
-    """Mean over prompts of ||[w'; lam']_TF - [w'; lam']_teacher||^2."""
-    return (readout(model(batch.z), model.layout) - batch.target).pow(2).sum(-1).mean()
+    """Mean over prompts of ||[w'; lam']_TF - [w'; lam']_teacher||^2 (each coordinate times the batch's weight,
+    if it has one: loss_weights 'steps')."""
+    err = (readout(model(batch.z), model.layout) - batch.target).pow(2)
+    if batch.weight is not None:
+        err = err * batch.weight
+    return err.sum(-1).mean()
 
 
 def evaluate(model, cfg: ActorCriticTrainConfig, rng: np.random.Generator) -> dict:
-    """Held-out loss, manifold fit of (P12, V21bar), one scale per output block, lazy blocks."""
-    d = cfg.n_states * cfg.n_actions
+    """Held-out loss (unweighted, whatever `loss_weights`; and per output block, relative to the teacher's
+    update), manifold fit of (P12, V21bar), one scale per output block, lazy blocks."""
+    d = cfg.feature_dim
     batch = sample_actor_critic(cfg, rng, cfg.eval_tasks)
     with torch.no_grad():
-        loss = float(mimicking_loss(model, batch))
-        update = float((batch.target - batch.w).pow(2).sum(-1).mean())
+        err = (readout(model(batch.z), model.layout) - batch.target).pow(2)
+        step = (batch.target - batch.w).pow(2)
+        loss, update = float(err.sum(-1).mean()), float(step.sum(-1).mean())
+        per_block = {name: float(err[:, sl].sum(-1).mean() / step[:, sl].sum(-1).mean())
+                     for name, sl in (("critic", slice(0, d)), ("actor", slice(d, 2 * d)))}
     P, Vm = param(model, 0, "P"), param(model, 0, "V")
     lay = model.layout
     one, two = weights.lsa_blocks(lay)
@@ -100,6 +130,9 @@ def evaluate(model, cfg: ActorCriticTrainConfig, rng: np.random.Generator) -> di
         "block_scales": {"critic": 1.0 / weights.ls_scale(V21[critic], V21s[1:][critic]),
                          "actor": 1.0 / weights.ls_scale(V21[actor], V21s[1:][actor])},
         "lazy_P22": lazy["P22"], "lazy_V22": lazy["V22"],
+        "loss_relative_by_block": per_block,
+        "rel_err_V21_all_rows": weights.rel_err(Vm[two, one], V21s / c),
+        "features": {"sa_features": cfg.sa_features, "d": d, "sa_randomness": cfg.sa_randomness},
     }
 
 

@@ -8,7 +8,7 @@ w' = w + (alpha/n) sum_i delta_i phi_i for every c != 0 (the scaling manifold).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from jaxtyping import Float, Int
@@ -98,11 +98,11 @@ def reference_from_prompt(z: np.ndarray, model, constants: dict) -> dict[str, np
 
 
 def sample(config, task: sampling.TaskSpec, batch: int, rng: np.random.Generator) -> sampling.PromptBatch:
-    """Random tabular MDPs, w ~ N(0, w_scale^2 I), n steps of epsilon-greedy(w . phi) each."""
+    """Random tabular MDPs with the task's features, w ~ N(0, w_scale^2 I), n steps of epsilon-greedy(w . phi) each."""
     model = config.model
-    mdp = sampling.onehot_mdps(task, model.d, model.gamma, batch, rng)
+    mdp = sampling.task_mdps(task, model.d, model.gamma, batch, rng)
     w = task.w_scale * rng.standard_normal((batch, model.d))
-    pi = envs.epsilon_greedy(w.reshape(batch, task.n_states, task.n_actions), task.epsilon)
+    pi = envs.epsilon_greedy(sampling.q_values(mdp, w), task.epsilon)
     traj = mdp.sample(pi, task.n, rng)
     p = prompt_from_mdp(mdp, traj, w)
     return sampling.PromptBatch(p, sampling.mdp_task_data(mdp, pi), reference_from_prompt(p.z, model, config.constants))
@@ -127,10 +127,34 @@ class Control:
     """Exploration of the epsilon-greedy acting policy (SARSA)."""
     family: str = NAME
     """Family name, for reports."""
+    sa_features: str = "onehot"
+    """State-action features of the MDPs (`sampling.TaskSpec.sa_features`): 'onehot' or a random map per MDP."""
+    feature_dim: int | None = None
+    """Feature dimension d of a random map (None: n_states * n_actions)."""
+    sa_randomness: float = 1.0
+    """Randomness rho of a random map (`sampling.sa_feature_map`)."""
+    phi: np.ndarray | None = field(default=None, repr=False)
+    """Per-MDP features [batch, s, a, d] of the MDPs the rule is bound to (`bind`); None: unbound / one-hot."""
 
     @property
     def d(self) -> int:
-        return self.n_states * self.n_actions
+        if self.phi is not None:
+            return self.phi.shape[-1]
+        return self.n_states * self.n_actions if self.feature_dim is None else self.feature_dim
+
+    def draw_features(self, batch: int, rng) -> np.ndarray | None:
+        """Features of `batch` held-out MDPs for this rule's feature map (None for one-hot)."""
+        return sampling.sa_feature_map(self.sa_features, batch, self.n_states, self.n_actions, self.d, rng,
+                                       self.sa_randomness)
+
+    def bind(self, mdp: envs.MDPBatch) -> "Control":
+        """The rule acting on `mdp`'s own features (needed for random feature maps)."""
+        if self.sa_features == "onehot" and mdp.phi is None:
+            return self
+        if mdp.phi is None or mdp.phi.shape[-1] != self.d:
+            raise UserError(f"the {self.family} rule uses {self.sa_features} features of dimension {self.d}; "
+                            f"the MDPs carry {'one-hot' if mdp.phi is None else mdp.phi.shape[-1]}-dimensional ones")
+        return replace(self, phi=mdp.phi)
 
     @property
     def size(self) -> int:
@@ -139,7 +163,15 @@ class Control:
 
     def action_values(self, params: Float[Array, "batch p"]) -> Float[Array, "batch s a"]:
         """What the policy is greedy in: w . phi(s, a)."""
-        return params[:, : self.d].reshape(-1, self.n_states, self.n_actions)
+        return self._linear(params[:, : self.d])
+
+    def _linear(self, w: Float[Array, "batch d"]) -> Float[Array, "batch s a"]:
+        """w . phi(s, a) for every (s, a): a reshape for one-hot features, else the bound MDPs' features."""
+        if self.phi is None:
+            if self.sa_features != "onehot":
+                raise UserError(f"the {self.family} rule with {self.sa_features} features must be bound to MDPs (bind)")
+            return w.reshape(-1, self.n_states, self.n_actions)
+        return np.einsum("bsad,bd->bsa", self.phi, w)
 
     def policy(self, params: Float[Array, "batch p"]) -> Float[Array, "batch s a"]:
         """The acting policy: epsilon-greedy on w . phi."""
@@ -167,11 +199,11 @@ class Control:
 
 
 def mdp_shape(config) -> tuple[int, int]:
-    """(n_states, n_actions) of a control checkpoint, checked against its one-hot d."""
+    """(n_states, n_actions) of a control checkpoint, checked against its d (one-hot features)."""
     task, d = config.task, config.model.d
     if task.kind != "mdp":
         raise UserError(f"the checkpoint's task is {task.kind!r}; control runs on tabular MDPs")
-    if task.n_states * task.n_actions != d:
+    if task.sa_features == "onehot" and task.n_states * task.n_actions != d:
         raise UserError(f"the checkpoint has d = {d}, but its task has n_states*n_actions = "
                         f"{task.n_states * task.n_actions} (control uses state-action one-hot features)")
     return task.n_states, task.n_actions
@@ -181,19 +213,34 @@ def control(config, epsilon: float = 0.1) -> Control:
     """The SARSA rule a checkpoint config mimics."""
     n_states, n_actions = mdp_shape(config)
     alpha = config.model.alpha
-    return Control(n_states, n_actions, config.model.gamma, alpha, alpha, epsilon)
+    return Control(n_states, n_actions, config.model.gamma, alpha, alpha, epsilon, **feature_options(config))
+
+
+def feature_options(config) -> dict:
+    """The Control fields of a checkpoint's feature map (task.sa_features, model d, task.sa_randomness)."""
+    task = config.task
+    return {"sa_features": task.sa_features, "feature_dim": int(config.model.d), "sa_randomness": task.sa_randomness}
+
+
+def feature_task(sa_features: str, sa_randomness: float) -> dict:
+    """The task keys of a feature map: none for one-hot (so one-hot tasks read exactly as before)."""
+    if sa_features == "onehot":
+        return {}
+    return {"sa_features": sa_features, "sa_randomness": float(sa_randomness)}
 
 
 @dataclass
 class Construct:
-    """theta* of SARSA: one LSA layer on random tabular MDPs (d = states * actions, one-hot)."""
+    """theta* of SARSA: one LSA layer on random tabular MDPs (one-hot features, d = states * actions, or a
+    random feature map of dimension d)."""
 
     states: int = 9
     """States of the MDPs."""
     actions: int = 4
     """Actions of the MDPs."""
     d: int | None = None
-    """Feature dimension; must equal states * actions (state-action one-hot)."""
+    """Feature dimension: states * actions for one-hot features (the default); any d for a random map
+    (default states * actions)."""
     n: int = 64
     """Context length of the recorded task."""
     gamma: float = 0.5
@@ -204,14 +251,22 @@ class Construct:
     """Scaling-manifold constant c: the layer holds (c P12*, V21*/c)."""
     dtype: str = field(default="float64", metadata={"choices": ("float64", "float32")})
     """Parameter dtype: float64 or float32."""
+    sa_features: str = field(default="onehot", metadata={"choices": sampling.SA_FEATURES})
+    """State-action features of the task: 'onehot', or a fresh random map per MDP, 'gaussian' (N(0, 1/d)) or
+    'uniform' (same variance)."""
+    sa_randomness: float = 1.0
+    """Random feature maps: rho in [0, 1]; smaller moves the features toward a fixed, poorly exciting map."""
 
     family = NAME  # not a field (no annotation): the family whose theta* this builds; subclasses override it
 
     def one_hot_d(self) -> int:
+        """The feature dimension (kept name: one-hot was the only map)."""
         d = V.count("states", self.states) * V.count("actions", self.actions)
-        if self.d is not None and self.d != d:
+        if self.sa_features == "onehot" and self.d is not None and self.d != d:
             raise UserError(f"{self.family} features are state-action one-hot: d must be states*actions = {d}, "
                             f"got --d {self.d}")
+        d = d if self.d is None else self.d
+        sampling.check_sa_features(self.sa_features, self.sa_randomness, self.states, self.actions, d)
         return d
 
     def plan(self) -> registry.ConstructPlan:
@@ -220,7 +275,8 @@ class Construct:
             model={"d": d, "n_layers": 1, "gamma": self.gamma, "alpha": self.alpha, "dtype": self.dtype,
                    **self.extra_model(d)},
             constants=self.constants(),
-            task={"family": self.family, "kind": "mdp", "n": self.n, "n_states": self.states, "n_actions": self.actions})
+            task={"family": self.family, "kind": "mdp", "n": self.n, "n_states": self.states, "n_actions": self.actions,
+                  **feature_task(self.sa_features, self.sa_randomness)})
 
     def extra_model(self, d: int) -> dict:
         """Model fields beyond the SARSA ones (the actor-critic adds m)."""

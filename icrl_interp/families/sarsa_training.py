@@ -14,22 +14,24 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .. import envs, reference
+from .. import envs, layouts, reference, sampling
 from ..analyzers import weights
-from ..errors import check
+from ..errors import UserError, check
 from ..models import ModelConfig
 from ..train import span
 from ..train.config import TrainConfig
 from ..train.recipe import Recipe, Trends
 from ..train.util import lazy_max_abs, param, randomize_lazy_blocks, tensor, torch_dtype
-from .sarsa import NAME, prompt_from_mdp, theta_star_blocks
+from ..sampling import SA_FEATURES
+from .sarsa import NAME, feature_task, prompt_from_mdp, theta_star_blocks
 
 
 @dataclass
@@ -40,7 +42,7 @@ class SarsaTrainConfig(TrainConfig):
     n_states: int = 9
     """States of each random MDP."""
     n_actions: int = 4
-    """Actions; d = n_states * n_actions (state-action one-hot features)."""
+    """Actions of each random MDP."""
     gamma: float = 0.5
     """Discount factor."""
     n: int = 64
@@ -49,6 +51,9 @@ class SarsaTrainConfig(TrainConfig):
     """Step of the teacher update w_SARSA = w + (alpha/n) sum_i delta_i phi_i."""
     w_std: float = 0.5
     """Parameters in the prompt: w ~ N(0, w_std^2 I)."""
+    w_std_max: float | None = None
+    """If set, each prompt's std of w is drawn log-uniformly from [w_std, w_std_max], so training also sees the
+    larger parameters a closed control loop reaches (None: always w_std)."""
     epsilon: float = 1.0
     """Behaviour policy: epsilon-greedy on Q_w(s, a) = w . phi(s, a) (1.0 = uniform random)."""
     concentration: float = 1.0
@@ -61,30 +66,54 @@ class SarsaTrainConfig(TrainConfig):
     """Project each Adam update of P's transition rows and V's transition columns onto the span of the
     prompts' transition columns (icrl_interp.train.span), so, as under gradient descent, nothing moves along
     the direction u = [1; -1/gamma 1; 0] that one-hot features never excite (sarsa only)."""
+    sa_features: str = field(default="onehot", metadata={"choices": SA_FEATURES})
+    """State-action features: 'onehot' (d = n_states * n_actions; leaves u = [1; -1/gamma 1; 0] unexcited), or a
+    fresh random map per MDP, 'gaussian' (N(0, I/d)) or 'uniform' (same variance), which excites every direction
+    (Liang & Lai's Assumption 1; sampling.sa_feature_map)."""
+    d: int | None = None
+    """Feature dimension (None: n_states * n_actions; one-hot needs exactly that)."""
+    sa_randomness: float = 1.0
+    """Random feature maps: rho in [0, 1], phi = sqrt(1 - rho^2) phi0 + rho G; small rho moves the features toward
+    the fixed, poorly exciting map phi0(s, a) = e_{(s n_A + a) mod d} (the paper's 'low-randomness' ablation)."""
     steps: int = 3000
     lr: float = 1e-3
     lr_decay: float = 0.99
     lr_decay_every: int = 10
+
+    LATE_FIELDS: ClassVar[tuple[str, ...]] = ("sa_features", "d", "sa_randomness", "w_std_max")
 
     def validate(self) -> "SarsaTrainConfig":
         super().validate()
         for name in ("n_states", "n_actions", "n", "batch"):
             check(int(getattr(self, name)) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
         check(self.w_std >= 0, f"w_std must be non-negative, got {self.w_std}")
+        check(self.w_std_max is None or self.w_std_max >= self.w_std > 0,
+              f"w_std_max must be at least w_std > 0, got {self.w_std_max} (w_std {self.w_std})")
         check(0 <= self.epsilon <= 1, f"epsilon must lie in [0, 1], got {self.epsilon}")
         check(self.concentration > 0, f"concentration must be positive, got {self.concentration}")
+        try:
+            sampling.check_sa_features(self.sa_features, self.sa_randomness, int(self.n_states), int(self.n_actions),
+                                       self.feature_dim)
+        except UserError as e:
+            raise UserError(f"{e} (training options sa_features, sa_randomness, d)") from None
         return self
+
+    @property
+    def feature_dim(self) -> int:
+        """d: the given one, else n_states * n_actions."""
+        return int(self.n_states) * int(self.n_actions) if self.d is None else self.d
 
 
 def model_config(cfg: SarsaTrainConfig) -> ModelConfig:
-    return ModelConfig(family=NAME, d=cfg.n_states * cfg.n_actions, n_layers=1, gamma=cfg.gamma, alpha=cfg.alpha,
-                       dtype=cfg.dtype)
+    return ModelConfig(family=NAME, d=cfg.feature_dim, n_layers=1, gamma=cfg.gamma, alpha=cfg.alpha, dtype=cfg.dtype)
 
 
 def mdp_task(cfg: SarsaTrainConfig) -> dict:
-    """The checkpoints' task of a tabular-MDP training config (its `family` is the config's)."""
+    """The checkpoints' task of a tabular-MDP training config (its `family` is the config's); the feature map's
+    keys only when it is not one-hot, so one-hot checkpoints read exactly as before."""
     return {"family": cfg.family, "kind": "mdp", "n": cfg.n, "n_states": cfg.n_states, "n_actions": cfg.n_actions,
-            "concentration": cfg.concentration, "epsilon": cfg.epsilon, "w_scale": cfg.w_std}
+            "concentration": cfg.concentration, "epsilon": cfg.epsilon, "w_scale": cfg.w_std,
+            **feature_task(cfg.sa_features, cfg.sa_randomness)}
 
 
 # ------------------------------------------------------------------ batches
@@ -98,21 +127,22 @@ class SarsaBatch:
     """Parameters in the prompt (the update's starting point)."""
     target: Float[Tensor, "batch d"]
     """Teacher: one batch semi-gradient SARSA step from w (reference.sarsa_update)."""
+    weight: Float[Tensor, " d"] | None = None
+    """Per-coordinate weights of the squared error (None: all 1; actor-critic's loss_weights 'steps')."""
 
 
 def sample_mdps(cfg: SarsaTrainConfig, batch: int, rng: np.random.Generator) -> envs.MDPBatch:
-    """The task distribution: `batch` random tabular MDPs with the config's shape and concentration."""
-    return envs.sample_tabular_mdps(batch, cfg.n_states, cfg.n_actions, cfg.gamma, rng=rng, concentration=cfg.concentration)
+    """The task distribution: `batch` random tabular MDPs with the config's shape, concentration and features."""
+    return sampling.draw_mdps(batch, cfg.n_states, cfg.n_actions, cfg.gamma, rng, cfg.concentration, cfg.sa_features,
+                              cfg.feature_dim, cfg.sa_randomness)
 
 
 def sample_sarsa(cfg: SarsaTrainConfig, rng: np.random.Generator, size: int | None = None) -> SarsaBatch:
     """`size` (default `batch`) random MDPs, w ~ N(0, w_std^2 I), n steps of the behaviour policy each."""
     batch = cfg.batch if size is None else size
     mdp = sample_mdps(cfg, batch, rng)
-    d = cfg.n_states * cfg.n_actions
-    w = cfg.w_std * rng.standard_normal((batch, d))
-    q = w.reshape(batch, cfg.n_states, cfg.n_actions)
-    traj = mdp.sample(envs.epsilon_greedy(q, cfg.epsilon), cfg.n, rng)
+    w = draw_params(cfg.w_std, cfg.w_std_max, batch, cfg.feature_dim, rng)
+    traj = mdp.sample(envs.epsilon_greedy(sampling.q_values(mdp, w), cfg.epsilon), cfg.n, rng)
     prompt = prompt_from_mdp(mdp, traj, w)
     lay = prompt.layout
     phi = prompt.z[:, :-1, lay.slice("phi")]
@@ -122,10 +152,18 @@ def sample_sarsa(cfg: SarsaTrainConfig, rng: np.random.Generator, size: int | No
     return SarsaBatch(z=tensor(prompt.z, dtype), w=tensor(w, dtype), target=tensor(target, dtype))
 
 
+def draw_params(std: float, std_max: float | None, batch: int, dim: int, rng: np.random.Generator) -> np.ndarray:
+    """Parameters of `batch` prompts, N(0, s^2 I_dim): s = std, or with std_max one s per prompt, log-uniform in
+    [std, std_max] (a scale mixture covering small and large parameters)."""
+    if std_max is None:
+        return std * rng.standard_normal((batch, dim))
+    scale = np.exp(rng.uniform(np.log(std), np.log(std_max), size=(batch, 1)))
+    return scale * rng.standard_normal((batch, dim))
+
+
 def _next_phi(mdp: envs.MDPBatch, traj: envs.Trajectories) -> np.ndarray:
     """phi(s_{i+1}, a_{i+1}) of each transition, straight from the trajectory."""
-    feats = mdp.features().reshape(mdp.n_states * mdp.n_actions, -1)
-    return feats[traj.states[:, 1:] * mdp.n_actions + traj.actions[:, 1:]]
+    return layouts.mdp_columns(mdp, traj)[1]
 
 
 # --------------------------------------------------------------- objectives
@@ -156,8 +194,14 @@ def log_extras(model, cfg: SarsaTrainConfig) -> dict:
 
 # --------------------------------------------------------------- evaluation
 def evaluate(model, cfg: SarsaTrainConfig, rng: np.random.Generator) -> dict:
-    """Held-out loss, manifold fit of (P12, V21bar) (raw, modulo u, and theta*'s own floor), lazy blocks."""
-    d = cfg.n_states * cfg.n_actions
+    """Held-out loss, manifold fit of (P12, V21bar) (raw, modulo u, and theta*'s own floor), lazy blocks.
+
+    V21bar is V21 without its first row, the row that writes the constant entry of w~ = [1; w]: that entry is
+    never read out, so the loss does not see the row (it stays at its init) and it is not identifiable for any
+    feature map. `rel_err_V21` is over the identifiable rows; `rel_err_V21_all_rows` adds the unread row at the
+    same c, for the record. With one-hot features u is not identifiable either (`mod_null`, `null_floor`).
+    """
+    d = cfg.feature_dim
     batch = sample_sarsa(cfg, rng, cfg.eval_tasks)
     with torch.no_grad():
         loss = float(teacher_mimicking(model, batch))
@@ -180,6 +224,7 @@ def evaluate(model, cfg: SarsaTrainConfig, rng: np.random.Generator) -> dict:
     # small init) ends near the raw errors of theta* with that component removed ('null_floor').
     floor = weights.manifold_fit(proj @ P12s, P12s, V21s @ proj, V21s, ("P12", "V21"))
     lazy = weights.lazy_blocks(P, V, model.layout)
+    V21_all, V21s_all = V[two, one], theta_star_blocks(d, cfg.alpha)[1]
     return {
         "loss": loss,
         "loss_relative_to_update": loss / update,
@@ -194,6 +239,8 @@ def evaluate(model, cfg: SarsaTrainConfig, rng: np.random.Generator) -> dict:
         "lazy_P22": lazy["P22"],
         "lazy_V22": lazy["V22"],
         "null_floor": {"rel_err_P12": floor["rel_err"]["P12"], "rel_err_V21": floor["rel_err"]["V21"]},
+        "rel_err_V21_all_rows": weights.rel_err(V21_all, V21s_all / fit["scale"]),
+        "features": {"sa_features": cfg.sa_features, "d": d, "sa_randomness": cfg.sa_randomness},
     }
 
 

@@ -270,11 +270,31 @@ class CheckpointConfig:
             raise UserError(f"config.json model is missing {', '.join(model_missing)}")
         model = ModelConfig.from_dict(data["model"])
         family = registry.get(model.family)
+        if version == 2:
+            _check_full_task(data["task"])
         task = TaskSpec.from_dict(data["task"], model.family, family.task_kind)
         check_meta(data)
         return cls(model=model, task=task, origin=data["origin"], training=data.get("training"),
                    seed=data.get("seed"), package_version=data.get("package_version"),
                    extra={k: v for k, v in data.items() if k not in _V2_KEYS})
+
+
+REQUIRED_TASK_KEYS = {"boyan": ("kind", "n", "n_states", "features", "rewards"),
+                      "mdp": ("kind", "n", "n_states", "n_actions")}
+"""Task keys a format-2 config must name (a missing family is the model's; keys added to TaskSpec later
+default to the old behaviour)."""
+
+
+def _check_full_task(task) -> None:
+    """A format-2 config names its task: a null or partial one would silently record another task
+    distribution (the sampler's defaults) than the one the model was made for."""
+    if not isinstance(task, dict):
+        raise UserError(f"config.json task must be an object naming the task's family, kind, n, ..., got {task!r}")
+    required = REQUIRED_TASK_KEYS.get(task.get("kind"), REQUIRED_TASK_KEYS["boyan"] if "kind" in task else ("kind",))
+    missing = [k for k in required if k not in task]
+    if missing:
+        raise UserError(f"config.json task is missing {', '.join(missing)}: the checkpoint does not say which task "
+                        f"it was made for (write the full task, as `icrl-interp construct` does)")
 
 
 def check_meta(data: dict) -> None:

@@ -1,6 +1,7 @@
 """Batch reports: analyze many checkpoints / recordings / training runs and write a report directory.
 
-`build_report(inputs, out_dir)` writes `<out>/summary.json`, `<out>/summary.csv`,
+`build_report(inputs, out_dir)` writes `<out>/summary.json`, `<out>/summary.csv`, the TD probes'
+`<out>/td_probes.csv` and `<out>/td_probe_tasks.csv`,
 `<out>/figures/*.png` and `<out>/index.html`, caching analyses in `<out>/cache/`.
 Checkpoints of the sarsa / actor-critic families also get a small in-context control
 evaluation (closed loop on held-out MDPs, `control_eval`), stored in their analysis.
@@ -31,7 +32,8 @@ class ReportOutcome:
 
     @property
     def n_failed(self) -> int:
-        return sum(r.status != "ok" for r in self.results)
+        """Inputs that failed or where nothing was analyzed (status 'partial' counts as analyzed)."""
+        return sum(r.failed for r in self.results)
 
 
 @dataclass
@@ -75,6 +77,7 @@ def build_report(inputs: list, out_dir, config: ReportConfig | None = None) -> R
     """Collect, analyze (cached, parallel), then write summaries, figures and the page."""
     from .figures import make_figures
     from .html import render
+    from .td_probes import write_tables as write_probe_tables
 
     config = config or ReportConfig()
     control = config.control()
@@ -84,6 +87,7 @@ def build_report(inputs: list, out_dir, config: ReportConfig | None = None) -> R
     results = run_batch(items, out_dir, workers=config.workers, analyzer=config.analyzer,
                         use_cache=config.use_cache, progress=config.progress, control=control)
     write_summaries(results, out_dir)
+    write_probe_tables(results, out_dir)  # td_probes.csv, td_probe_tasks.csv
     figures = make_figures(results, out_dir, svg=config.svg, max_recordings=config.max_recordings,
                            log=lambda msg: print(f"warning: {msg}", file=sys.stderr))
     write_atomic(out_dir / "index.html", render(results, figures, out_dir, title=config.title, embed=config.embed))

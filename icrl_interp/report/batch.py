@@ -21,10 +21,12 @@ import json
 import math
 import multiprocessing
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
 
+from .. import outputs
 from .._version import __version__
 from ..analyzers import inputs
 from ..errors import UserError, one_line
@@ -34,9 +36,17 @@ from .control_eval import CURVE_KEY, ControlSettings, wants_control
 ANALYSIS_SCHEMA = "icrl_interp.analysis/1"
 SUMMARY_SCHEMA = "icrl_interp.report/1"
 CACHE_SCHEMA = "icrl_interp.report-cache/1"
+FIGURES_SCHEMA = "icrl_interp.report-figures/1"
+FIGURES_MANIFEST = "figures/manifest.json"
+"""The figures a report wrote (`write_figure_manifest`): the only ones a later report may delete."""
 DEFAULT_ANALYZER = "icrl_interp.analyzers.analyze:analyze"
-META_COLUMNS = ("input", "kind", "status", "error", "sha256", "family", "source", "run_id", "step", "seed",
+META_COLUMNS = ("input", "kind", "status", "error", "reasons", "sha256", "family", "source", "run_id", "step", "seed",
                 "gamma", "context_length")
+PROBE_DETAIL = re.compile(r"\.td_probe\..+\.(targets|per_task)(\.|$)")
+"""Flattened keys of the TD probes' per-target and per-task tables: written to td_probes.csv and
+td_probe_tasks.csv (report/td_probes.py), not to the summary rows."""
+ANALYZED = ("ok", "partial")
+"""Statuses of inputs that have results (figures, tables); 'nothing analyzed' and 'failed' have none."""
 
 
 # ------------------------------------------------------------------ inputs
@@ -61,7 +71,8 @@ class Result:
     input: ReportInput
     """What was analyzed."""
     status: str
-    """'ok' or 'failed'."""
+    """'ok' (every analysis that applies was computed), 'partial' (some were: `reasons` names the others),
+    'nothing analyzed' (the analyzer ran but computed nothing: `reasons` says why) or 'failed' (`error`)."""
     error: str = ""
     """One-line reason when failed."""
     sha256: str = ""
@@ -70,6 +81,25 @@ class Result:
     """The analysis dict (contract icrl_interp.analysis/1), JSON-normalised; None when failed."""
     cached: bool = False
     """Whether the analysis came from the cache (kept out of summary.json on purpose)."""
+    reasons: str = ""
+    """One line: what a 'partial' analysis lacks, or why 'nothing analyzed' ('' otherwise)."""
+
+    @property
+    def analyzed(self) -> bool:
+        """Whether there are results to show (status 'ok' or 'partial')."""
+        return self.status in ANALYZED
+
+    @property
+    def failed(self) -> bool:
+        """Whether the input counts as failed (status 'failed' or 'nothing analyzed')."""
+        return not self.analyzed
+
+    def set_analysis(self, analysis: dict) -> None:
+        """Take an analysis and its status (`analyzers.analyze.status_of`)."""
+        from ..analyzers.analyze import status_of
+
+        self.analysis = analysis
+        self.status, self.reasons = status_of(analysis)
 
     @property
     def family(self) -> str:
@@ -340,7 +370,9 @@ def run_batch(
             ctl = control_for(item)
             ctl_key = ctl.key() if ctl else None
             cached = load_cached(cache_dir, sha, analyzer, ctl_key) if use_cache else None
-            results.append(Result(item, "ok" if cached else "pending", sha256=sha, analysis=cached, cached=bool(cached)))
+            results.append(Result(item, "pending", sha256=sha, cached=bool(cached)))
+            if cached:
+                results[-1].set_analysis(cached)
             if ctl:
                 controls[len(results) - 1] = ctl
             if not cached:
@@ -349,7 +381,7 @@ def run_batch(
     def finish(i: int, status: str, value) -> None:
         r = results[i]
         if status == "ok":
-            r.status, r.analysis = "ok", value
+            r.set_analysis(value)
             ctl = controls.get(i)
             store_cached(cache_dir, r.sha256, analyzer, value, ctl.key() if ctl else None)
         else:
@@ -406,6 +438,7 @@ def summary_row(r: Result) -> dict:
         "kind": r.input.kind,
         "status": r.status,
         "error": r.error,
+        "reasons": r.reasons,
         "sha256": r.sha256,
         "family": r.family,
         "source": r.source,
@@ -422,15 +455,18 @@ def summary_row(r: Result) -> dict:
         for key, value in flatten(r.analysis).items():
             # schema is fixed; the analyzer's source / kind / family repeat the columns above;
             # the control curves are for the figure (and the cache), not for a table cell
-            if key not in row and key != "schema" and not key.startswith(CURVE_KEY + "."):
+            if key not in row and key != "schema" and not key.startswith(CURVE_KEY + ".") \
+                    and not PROBE_DETAIL.search(key):
                 row[key] = value
     return _plain(row)
 
 
 def summary_json(results: list[Result]) -> str:
     rows = [summary_row(r) for r in results]
-    failed = sum(r.status != "ok" for r in results)
-    return dumps({"schema": SUMMARY_SCHEMA, "n_inputs": len(rows), "n_failed": failed, "rows": rows})
+    failed = sum(r.failed for r in results)
+    partial = sum(r.status == "partial" for r in results)
+    return dumps({"schema": SUMMARY_SCHEMA, "n_inputs": len(rows), "n_failed": failed, "n_partial": partial,
+                  "rows": rows})
 
 
 def _cell(value) -> str:
@@ -462,3 +498,46 @@ def write_summaries(results: list[Result], out_dir: Path) -> tuple[Path, Path]:
     write_atomic(out_dir / "summary.json", summary_json(results))
     write_atomic(out_dir / "summary.csv", summary_csv(results))
     return out_dir / "summary.json", out_dir / "summary.csv"
+
+
+# ------------------------------------------------------------------ the report directory
+def is_report_dir(path) -> bool:
+    """A directory holding a report's own summary.json (schema icrl_interp.report/1)."""
+    return _read_json(Path(path) / "summary.json").get("schema") == SUMMARY_SCHEMA
+
+
+def _own_figures(out_dir: Path) -> set[str]:
+    """Names of the figures the report in `out_dir` wrote: its manifest, else those its index.html shows."""
+    manifest = _read_json(out_dir / FIGURES_MANIFEST)
+    if manifest.get("schema") == FIGURES_SCHEMA and isinstance(manifest.get("files"), list):
+        return {str(f) for f in manifest["files"]}
+    try:
+        page = (out_dir / "index.html").read_text(errors="replace")
+    except OSError:
+        return set()
+    return set(re.findall(r"figures/([^\"'<>/]+\.(?:png|svg))", page))
+
+
+def claim_out_dir(out, inputs=(), flag: str = "--out") -> Path:
+    """`out` if a report may be written there (`outputs.output_dir`: new, empty or an earlier report,
+    never an input), and every PNG / SVG in its figures/ is one the report wrote (the report
+    deletes those as stale); otherwise a one-line UserError."""
+    out = outputs.output_dir(out, flag, inputs=inputs, owned=is_report_dir, what="report")
+    fig_dir = out / "figures"
+    if fig_dir.exists() and not fig_dir.is_dir():
+        raise UserError(f"{fig_dir} is a file where the report puts its figures; move it away or choose another {flag}")
+    if fig_dir.is_dir():
+        ours = _own_figures(out)
+        for f in sorted(fig_dir.iterdir()):
+            if f.suffix in (".png", ".svg") and f.is_file() and f.name not in ours:
+                raise UserError(f"{f} is not a figure this report wrote, and a report replaces the figures in "
+                                f"{fig_dir}; move it away or choose another {flag}")
+    return out
+
+
+def write_figure_manifest(out_dir, figures) -> None:
+    """Record the figure files of this report (FigureInfo.files), so the next one deletes only those."""
+    fig_dir = Path(out_dir) / "figures"
+    if fig_dir.is_dir():
+        names = sorted({Path(f).name for info in figures for f in info.files})
+        write_atomic(Path(out_dir) / FIGURES_MANIFEST, dumps({"schema": FIGURES_SCHEMA, "files": names}))

@@ -99,6 +99,36 @@ def kernel_of(layer: dict) -> tuple[list | None, float | None]:
     return (matrix if isinstance(matrix, list) and matrix else None), threshold
 
 
+def kernel_head(layer: dict) -> tuple[int, int] | None:
+    """(head, number of heads) of the kernel the analysis reports for a layer (the most diagonal head),
+    None when it does not say (older analyses: a single head)."""
+    kd = layer.get("kernel_diagonality")
+    head = kd.get("head") if isinstance(kd, dict) else None
+    if not isinstance(head, int) or isinstance(head, bool):
+        return None
+    n = kd.get("n_heads")
+    per_head = kd.get("per_head")
+    n = n if isinstance(n, int) else len(per_head) if isinstance(per_head, list) else head + 1
+    return head, n
+
+
+def readout_curves(r: Result) -> dict[str, dict]:
+    """{lens: {"layers", "value_error", "reference", "random_init"}} of the readouts of a foreign model
+    (`activations.readouts.lenses`; lists aligned with "layers", None where absent); {} when none."""
+    lenses = get(r.analysis, "activations", "readouts", "lenses")
+    out = {}
+    for name, lens in (lenses.items() if isinstance(lenses, dict) else []):
+        rows = [x for x in (lens.get("layers") if isinstance(lens, dict) else None) or []
+                if isinstance(x, dict) and isinstance(x.get("layer"), int)]
+        if rows:
+            rows.sort(key=lambda x: x["layer"])
+            out[str(name)] = {"layers": [x["layer"] for x in rows],
+                              "value_error": [num(x.get("value_error")) for x in rows],
+                              "reference": [num(x.get("reference_value_error")) for x in rows],
+                              "random_init": [num(x.get("random_init_value_error")) for x in rows]}
+    return out
+
+
 def kernel_mins(r: Result) -> dict[int, tuple[float, float | None]]:
     """layer -> (min_s diagonal, threshold): the empirical M̂ of a recording, else the population
     kernel M_π the analyzer computes from a checkpoint's score matrix."""

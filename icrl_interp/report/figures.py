@@ -24,7 +24,8 @@ from matplotlib.patches import Rectangle
 from .. import registry
 from ..files import atomic_path
 from .batch import Result
-from .fields import control_of, get, is_theta_star, kernel_mins, kernel_of, label_of, last_layer, layer_values, layers_of, max_rel_err, num, representatives
+from .fields import (control_of, get, is_theta_star, kernel_head, kernel_mins, kernel_of, label_of, last_layer, layer_values,
+                     layers_of, max_rel_err, num, readout_curves, representatives)
 
 Array = np.ndarray
 PATTERN_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
@@ -81,12 +82,16 @@ def _slug(text: str) -> str:
 
 # ------------------------------------------------------------------ per-recording figure
 def attention_figure(r: Result) -> Figure | None:
-    """Attention heatmap of prompt 0 per layer (read from the recording) above the analysis' M̂."""
+    """Attention heatmap of prompt 0 per layer (read from the recording) above the analysis' M̂.
+
+    Both panels show the same head: the one the analysis reports (`kernel_diagonality.head`, the most
+    diagonal); a layer without an analysed kernel shows the mean over heads, and its title says so."""
     if r.input.kind != "recording":
         return None
     from ..recording import Recording
 
     kernels = {l["layer"]: kernel_of(l) for l in layers_of(r)}
+    heads = {l["layer"]: kernel_head(l) for l in layers_of(r)}
     with Recording(r.input.path) as rec:
         hooks = sorted((int(m.group(1)), h) for h in rec.hooks() if (m := PATTERN_HOOK.match(h)))[:MAX_LAYERS]
         if not hooks or rec.n_prompts == 0:
@@ -97,21 +102,27 @@ def attention_figure(r: Result) -> Figure | None:
         axes = fig.subplots(rows, len(hooks), squeeze=False)
         for col, (layer, hook) in enumerate(hooks):
             ax = axes[0, col]
-            heat = rec.read(hook, 0, 1)[0].astype(np.float64).mean(axis=0)
+            pattern = rec.read(hook, 0, 1)[0].astype(np.float64)  # [heads, q, k]
+            head = (heads.get(layer) or (None,))[0]
+            if head is not None and 0 <= head < pattern.shape[0]:
+                heat, which = pattern[head], f"head {head}" + (f" of {pattern.shape[0]} (most diagonal)" if pattern.shape[0] > 1 else "")
+            else:
+                heat = pattern.mean(axis=0)
+                which = f"mean over {pattern.shape[0]} heads" if pattern.shape[0] > 1 else "head 0"
             im = ax.imshow(heat, cmap="viridis", vmin=0.0, aspect="auto", interpolation="nearest")
             fig.colorbar(im, ax=ax, label="attention weight")
-            ax.set_title(f"layer {layer}: attention (prompt 0)")
+            ax.set_title(f"layer {layer}: attention (prompt 0), {which}", fontsize=9)
             ax.set_xlabel("source position k")
             ax.set_ylabel("target position j")
             if with_kernel:
-                _kernel_panel(fig, axes[1, col], layer, *kernels.get(layer, (None, None)))
+                _kernel_panel(fig, axes[1, col], layer, *kernels.get(layer, (None, None)), heads.get(layer))
     note = ("\nbottom: M̂ averaged over tasks; red boxes mark diagonal entries at or below (1+γ)/2"
             if with_kernel else "")
     fig.suptitle(f"{label_of(r)}: attention and state-aggregated kernel{note}")
     return fig
 
 
-def _kernel_panel(fig: Figure, ax, layer: int, matrix, threshold) -> None:
+def _kernel_panel(fig: Figure, ax, layer: int, matrix, threshold, head: tuple[int, int] | None = None) -> None:
     if matrix is None:
         ax.axis("off")
         ax.text(0.5, 0.5, f"layer {layer}: no M̂ in the analysis", ha="center", va="center")
@@ -122,6 +133,8 @@ def _kernel_panel(fig: Figure, ax, layer: int, matrix, threshold) -> None:
     diag = np.diag(kernel)
     seen = np.isfinite(diag)
     title = f"layer {layer}: M̂ (task average)"
+    if head is not None:
+        title += f", head {head[0]}" + (f" of {head[1]} (most diagonal)" if head[1] > 1 else "")
     if threshold is not None:
         title += f"\nthreshold (1+γ)/2 = {threshold:.3f}"
         for s in np.nonzero(seen & (diag <= threshold))[0]:
@@ -213,7 +226,7 @@ def _heat(fig: Figure, ax, rows, cols, mat, title: str) -> None:
 
 def block_norm_figure(family: str, results: list[Result]) -> Figure | None:
     """Learned block norms beside θ*'s, one row per parameter matrix."""
-    ok = [r for r in results if r.status == "ok"]
+    ok = [r for r in results if r.analyzed]
     theta = [r for r in ok if is_theta_star(r) and _block_norms(r)]
     learned = [r for r in representatives(ok) if not is_theta_star(r) and _block_norms(r)][:3]
     if not learned and not theta:
@@ -260,39 +273,83 @@ def _reference_key(layer_rows: list[dict]) -> str | None:
 
 
 def _positive(xs, ys):
-    keep = [(x, y) for x, y in zip(xs, ys) if y > 0]
+    keep = [(x, y) for x, y in zip(xs, ys) if y is not None and y > 0]
     return [x for x, _ in keep], [y for _, y in keep]
 
 
-def value_error_label(family: str) -> str:
-    """What `value_error` measures for a family (its registry hint; the value error for unknown ones)."""
-    found = registry.find(family)
-    return (found.hints if found is not None else registry.Hints(output="query")).value_error_label
+VALUE_ERROR_AXIS = {
+    "query": "mean over prompts of |v̂_l(s_q) − v_π(s_q)| (reward units)",
+    "positions": "mean over tasks of ‖v_l − v_π‖_∞ over the context's states (reward units)",
+}
+"""Axis label of `value_error` by the task family's `Hints.output`: the per-layer numbers are means
+(over prompts, or over tasks of a max-norm), and the axis says so."""
+
+
+def _task_family(r: Result) -> str | None:
+    return get(r.analysis, "task_family") or r.family
+
+
+def value_error_label(family: str, results: list[Result] | None = None) -> str:
+    """What `value_error` measures, from the task family of the inputs (`results`, else `family`):
+    `VALUE_ERROR_AXIS` by `Hints.output`; for 'parameters' outputs the family's `value_error_label`,
+    as a mean over prompts."""
+    names = {_task_family(r) for r in results or []} or {family}
+    if len(names) > 1:
+        return "value error (mean over prompts; its definition depends on the task family)"
+    found = registry.find(names.pop())
+    hints = found.hints if found is not None else registry.Hints(output="query")
+    if hints.output in VALUE_ERROR_AXIS:
+        return VALUE_ERROR_AXIS[hints.output]
+    return f"mean over prompts of the {hints.value_error_label}₂"
+
+
+LENS_STYLE = {"model-readout": ("s", "-."), "tuned-linear": ("^", "--")}
+"""(marker, line style) of each readout lens in the depth figure."""
 
 
 def value_error_depth_figure(family: str, results: list[Result]) -> Figure | None:
-    """‖v_l − v_π‖_∞ against layer, log scale; θ* dashed black, reference algorithm dotted."""
-    shown = [r for r in representatives([r for r in results if r.status == "ok"]) if layer_values(r, "value_error")[0]]
+    """Mean value error against layer, log scale: per-layer `value_error` (θ* dashed black), and for
+    models read through readouts each lens's curve with the same lens on the random-init model (thin
+    dotted); the reference algorithm at the same depth dotted grey."""
+    shown = [r for r in representatives([r for r in results if r.analyzed])
+             if layer_values(r, "value_error")[0] or readout_curves(r)]
     if not shown:
         return None
     shown = shown[:MAX_LINES]
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
     ax = fig.subplots()
-    ref_drawn = False
+    ref_drawn = base_drawn = False
     for r, color in zip(shown, _colors(len(shown))):
-        xs, ys = _positive(*layer_values(r, "value_error"))
         theta = is_theta_star(r)
-        ax.plot(xs, ys, marker="o", color=THETA_STAR_COLOR if theta else color,
-                linestyle="--" if theta else "-", label=label_of(r))
+        xs, ys = _positive(*layer_values(r, "value_error"))
+        if xs:
+            ax.plot(xs, ys, marker="o", color=THETA_STAR_COLOR if theta else color,
+                    linestyle="--" if theta else "-", label=label_of(r))
         ref = _reference_key(layers_of(r))
         if ref and not ref_drawn:
             rx, ry = _positive(*layer_values(r, ref))
             if rx:
                 ax.plot(rx, ry, color=CONTROL_COLOR, linestyle=":", marker="x", label="reference algorithm (same prompts)")
                 ref_drawn = True
+        for lens, c in readout_curves(r).items():
+            marker, style = LENS_STYLE.get(lens, ("d", "-."))
+            lx, ly = _positive(c["layers"], c["value_error"])
+            ax.plot(lx, ly, marker=marker, color=color, linestyle=style, label=f"{label_of(r)}: {lens} lens")
+            bx, by = _positive(c["layers"], c["random_init"])
+            if bx:
+                ax.plot(bx, by, marker=marker, color=color, linestyle=":", linewidth=0.8, alpha=0.7,
+                        label="same lens, random-init model" if not base_drawn else None)
+                base_drawn = True
+            rx, ry = _positive(c["layers"], c["reference"])
+            if rx and not ref_drawn:
+                ax.plot(rx, ry, color=CONTROL_COLOR, linestyle=":", marker="x",
+                        label="reference algorithm at step l + 1 (same prompts)")
+                ref_drawn = True
     ax.set_yscale("log")
     ax.set_xlabel("layer l (depth)")
-    ax.set_ylabel(value_error_label(family) + " (log)")
+    if not ax.get_legend_handles_labels()[0]:
+        return None  # nothing positive to draw on a log scale
+    ax.set_ylabel(value_error_label(family, shown) + " (log)", fontsize=8)
     ax.set_title(f"{family}: value error against depth\ngood: falls geometrically with depth, like θ*")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(True, which="both", alpha=0.3)
@@ -304,7 +361,7 @@ def value_error_context_figure(family: str, results: list[Result]) -> Figure | N
     """Last-layer value error against context length n (needs ≥ 2 lengths)."""
     points = defaultdict(lambda: defaultdict(list))
     for r in results:
-        n, v = r.input.meta.get("context_length"), last_layer(r, "value_error") if r.status == "ok" else None
+        n, v = r.input.meta.get("context_length"), last_layer(r, "value_error") if r.analyzed else None
         if isinstance(n, int) and v is not None and v > 0:
             points["θ* (construction)" if is_theta_star(r) else (r.source or "model")][n].append(v)
     lengths = {n for series in points.values() for n in series}
@@ -323,7 +380,7 @@ def value_error_context_figure(family: str, results: list[Result]) -> Figure | N
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("context length n (transitions, log)")
-    ax.set_ylabel("last-layer value error ‖v_L − v_π‖_∞ (log)")
+    ax.set_ylabel(f"last layer: {value_error_label(family, [r for r in results if r.analyzed])} (log)", fontsize=8)
     ax.set_title(f"{family}: value error against context length\ngood: the floor shrinks as n grows (≈ 1/√n)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
@@ -331,49 +388,43 @@ def value_error_context_figure(family: str, results: list[Result]) -> Figure | N
 
 
 # ------------------------------------------------------------------ TD probe
-def control_values(r: Result) -> tuple[list[int], list[float]]:
-    """Shuffled-label R² per layer: the primary probe's `r2_shuffled` (analyzer layout
-    layer.td_probe[hook].r2_shuffled with hook = layer.td_probe_hook), else a flat `*shuffle*` key."""
-    xs, ys = [], []
-    for layer in layers_of(r):
-        v = num(get(layer, "td_probe", layer.get("td_probe_hook") or "", "r2_shuffled"))
-        if v is None:
-            v = next((num(x) for k, x in layer.items() if "shuffle" in k and num(x) is not None), None)
-        if v is not None:
-            xs.append(layer["layer"])
-            ys.append(v)
-    return xs, ys
-
-
 def td_probe_figure(family: str, results: list[Result]) -> Figure | None:
-    """Held-out R² of the linear TD-error probe per layer, with the shuffled-label control."""
-    shown = [r for r in representatives([r for r in results if r.status == "ok"]) if layer_values(r, "td_probe_r2")[0]]
+    """The TD-error probe's selectivity per layer (R² minus the largest of the input, random-init and
+    shuffled baselines) with its interval over held-out tasks. Analyses without baselines (older ones)
+    show their raw R², marked as such: a raw R² near 1 is no evidence of TD (an untrained model scores
+    about as high, because δ is mostly the reward, which is in the input)."""
+    from .td_probes import selectivity_values
+
+    ok = representatives([r for r in results if r.analyzed])
+    shown = [r for r in ok if selectivity_values(r)[0] or layer_values(r, "td_probe_r2")[0]][:MAX_LINES]
     if not shown:
         return None
-    shown = shown[:MAX_LINES]
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
-    control_seen = False
-    lows = [0.0]
+    lows, highs = [0.0], [0.0]
     for r, color in zip(shown, _colors(len(shown))):
         theta = is_theta_star(r)
         color = THETA_STAR_COLOR if theta else color
-        xs, ys = layer_values(r, "td_probe_r2")
+        xs, ys, lo, hi = selectivity_values(r)
+        if xs:
+            ax.plot(xs, ys, marker="o", color=color, linestyle="--" if theta else "-", label=label_of(r))
+            band = [(x, a, b) for x, a, b in zip(xs, lo, hi) if a is not None and b is not None]
+            if band:
+                bx, blo, bhi = map(list, zip(*band))
+                ax.fill_between(bx, blo, bhi, color=color, alpha=0.15, linewidth=0)
+                lows.extend(blo)
+                highs.extend(bhi)
+        else:
+            xs, ys = layer_values(r, "td_probe_r2")
+            ax.plot(xs, ys, marker="x", color=color, linestyle=":", label=f"{label_of(r)}: raw R², no baselines")
         lows.extend(ys)
-        ax.plot(xs, ys, marker="o", color=color, linestyle="--" if theta else "-", label=label_of(r))
-        cx, cy = control_values(r)
-        if cx:
-            lows.extend(cy)
-            ax.plot(cx, cy, marker="x", color=color, linestyle=":", alpha=0.8,
-                    label="shuffled-label control" if not control_seen else None)
-            control_seen = True
-    ax.axhline(1.0, color=THETA_STAR_COLOR, linewidth=0.8, linestyle="--", alpha=0.6)
-    ax.axhline(0.0, color=CONTROL_COLOR, linewidth=1.0, label=None if control_seen else "control level (R² = 0)")
-    ax.set_ylim(max(-1.0, min(lows) - 0.05), 1.05)
+        highs.extend(ys)
+    ax.axhline(0.0, color=CONTROL_COLOR, linewidth=1.0, label="0: nothing beyond the best baseline")
+    ax.set_ylim(max(-1.0, min(lows) - 0.05), min(1.05, max(highs) + 0.05))
     ax.set_xlabel("layer l")
-    ax.set_ylabel("held-out R² (dimensionless)")
-    ax.set_title(f"{family}: linear probe for the TD error δ per layer\n"
-                 "good: R² near 1 (θ* reaches > 0.99) while the shuffled control stays ≈ 0")
+    ax.set_ylabel("selectivity: R² − max baseline R²")
+    ax.set_title(f"{family}: TD-error probe selectivity per layer, 95% interval shaded\n"
+                 "above 0 with its interval: δ beyond the input; ≈ 0: the input does as well")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
@@ -405,7 +456,7 @@ def control_curves(r: Result) -> dict | None:
 
 def control_figure(family: str, results: list[Result]) -> Figure | None:
     """Exact return vs closed-loop update: teacher, each checkpoint's transformer, random and oracle levels."""
-    shown = [(r, cv) for r in representatives([r for r in results if r.status == "ok"])
+    shown = [(r, cv) for r in representatives([r for r in results if r.analyzed])
              if (cv := control_curves(r)) is not None][:MAX_LINES]
     if not shown:
         return None
@@ -451,15 +502,16 @@ TREND_METRICS = [
     ("manifold gauge cosine", "cosine (1 = θ* up to scale)", lambda r: num(get(r.analysis, "weights", "manifold", "gauge_cosine")), 1.0, False),
     ("manifold relative error (max over blocks)", "relative error (log; θ* = 0)", max_rel_err, None, True),
     ("lazy-block drift ‖P22‖, ‖V̄22‖", "norm (θ* = 0)", lambda r: num(get(r.analysis, "weights", "block_sparsity", "lazy_drift")), 0.0, False),
-    ("TD-probe R² (last layer)", "held-out R²", lambda r: last_layer(r, "td_probe_r2"), 1.0, False),
-    ("value error (last layer)", "‖v_L − v_π‖_∞ (log)", lambda r: last_layer(r, "value_error"), None, True),
+    ("TD-probe selectivity (last layer)", "R² − max baseline R²", lambda r: last_layer(r, "td_probe_selectivity"), None, False),
+    ("value error (last layer)", "mean value error (log; the depth figure's axis says which)",
+     lambda r: last_layer(r, "value_error"), None, True),
 ]
 
 
 def _series(results: list[Result]) -> dict[str, dict[str, dict[int, Result]]]:
     """series label -> run -> step -> result, for inputs that know their training run and step."""
     out: dict = defaultdict(lambda: defaultdict(dict))
-    trained = [r for r in results if r.status == "ok" and not is_theta_star(r)
+    trained = [r for r in results if r.analyzed and not is_theta_star(r)
                and r.input.meta.get("run_id") is not None and isinstance(r.input.meta.get("step"), int)]
     configs = {r.input.meta.get("series") for r in trained}
     for r in trained:
@@ -563,9 +615,14 @@ FAMILY_FIGURES = [
      "when the analysis provides it."),
     ("value-error-context", "Value error against context length", value_error_context_figure,
      "Last-layer value error against the number of context transitions: points are inputs, lines their means."),
-    ("td-probe", "TD-error probe R² per layer", td_probe_figure,
-     "Held-out R² (split by task) of a ridge probe from the activations to the reference TD error δ. "
-     "Dotted: the same probe on shuffled labels, which must stay near 0."),
+    ("td-probe", "TD-error probe selectivity per layer", td_probe_figure,
+     "A ridge probe from the activations at each context column to the reference TD error δ of the layer's "
+     "step, scored on held-out tasks (split by task id), minus the best of three baselines scored the same way: "
+     "the prompt column alone, the same hook of the model at random initialization (when recorded) and the "
+     "probe on shuffled labels (partners of other tasks). Shaded: 95% bootstrap interval over held-out tasks. "
+     "Raw R² is not shown as evidence: δ is mostly the reward, which is in the input, so an untrained model "
+     "scores a raw R² about as high as a trained one. Per-target and per-task numbers: td_probes.csv, "
+     "td_probe_tasks.csv."),
     ("control", "In-context control: return vs closed-loop update", control_figure,
      "Paper (b)'s Algorithm 1 on held-out random MDPs (fixed seed): each update samples n steps with the current "
      "parameters, builds the prompt and sets the parameters to the output. y: the exact discounted return of the "
@@ -586,7 +643,7 @@ def make_figures(results: list[Result], report_dir: Path, svg: bool = False, max
                 old.unlink()
     by_family: dict[str, list[Result]] = defaultdict(list)
     for r in results:
-        if r.status == "ok":
+        if r.analyzed:
             by_family[r.family].append(r)
     infos: list[FigureInfo] = []
 
@@ -610,9 +667,10 @@ def make_figures(results: list[Result], report_dir: Path, svg: bool = False, max
         for i, r in enumerate(recs[:max_recordings]):
             draw(FigureInfo(family, f"{_slug(family)}-attention-{i:03d}-{r.sha256[:8]}",
                             f"Attention and kernel M̂: {label_of(r)}",
-                            "Top: softmax attention of the first prompt (mean over heads). Bottom: the state-aggregated "
-                            "kernel M̂(s, s') averaged over all prompts; under Assumption 5.1 every diagonal entry exceeds "
-                            "(1+γ)/2 (boxed in red where it does not)."),
+                            "Top: softmax attention of the first prompt; bottom: the state-aggregated kernel M̂(s, s') "
+                            "averaged over all prompts, both of the head the analysis reports (the most diagonal; the "
+                            "titles name it; a layer without M̂ shows the mean over heads). Under Assumption 5.1 every "
+                            "diagonal entry exceeds (1+γ)/2 (boxed in red where it does not)."),
                  attention_figure, r)
         if len(recs) > max_recordings:
             infos.append(FigureInfo(family, f"{_slug(family)}-attention-more", "More recordings",

@@ -1,7 +1,10 @@
 """The handful of numbers per input that the summary table shows (HTML page and terminal).
 
 Kernel diagonality is summarised by its worst layer (min over layers of min_s M(s,s), and the
-margin of that layer; M̂ from a recording, else the population kernel M_π of a checkpoint); the probe R² and value error by the last layer.
+margin of that layer; M̂ from a recording, else the population kernel M_π of a checkpoint); the TD probe and
+value error by the last layer. The TD probe is shown as its selectivity (R² minus the largest of the input,
+random-init and shuffled baselines) with its 95% interval over held-out tasks, never as raw R²: an untrained
+model's raw R² is as high as a trained one's, because the TD error is mostly the reward, which is in the input.
 In-context control (sarsa / actor-critic checkpoints) by the transformer's and the teacher's mean
 exact return at the final closed-loop update ('error' when the evaluation failed).
 """
@@ -25,7 +28,7 @@ COLUMNS = [
     ("lazy_drift", "lazy drift", "{:.3g}"),
     ("kernel_min", "min kernel diag", "{:.3f}"),
     ("kernel_margin", "margin vs (1+γ)/2", "{:+.3f}"),
-    ("td_probe_r2", "TD-probe R² (last layer)", "{:.3f}"),
+    ("td_probe_selectivity", "TD-probe selectivity [95% CI] (last layer)", "{}"),
     ("value_error", "value error (last layer)", "{:.3g}"),
     ("control_return", "control return (tf/teacher)", "{}"),
 ]
@@ -47,6 +50,7 @@ def headline(r: Result) -> dict:
         "kernel_min": None,
         "kernel_margin": None,
         "td_probe_r2": None,
+        "td_probe_selectivity": None,
         "value_error": None,
         "control_return": None,
     }
@@ -58,6 +62,10 @@ def headline(r: Result) -> dict:
     for key in ("td_probe_r2", "value_error"):
         vals = [num(layer.get(key)) for layer in layers if num(layer.get(key)) is not None]
         out[key] = vals[-1] if vals else None
+    sel = [x for x in layers if num(x.get("td_probe_selectivity")) is not None]
+    if sel:
+        out["td_probe_selectivity"] = selectivity_text(sel[-1].get("td_probe_selectivity"),
+                                                       sel[-1].get("td_probe_selectivity_ci"))
     tf, teacher = control_returns(r)
     if tf is not None and teacher is not None:
         diverged = num(get(control_of(r), "diverged_mdps"))
@@ -65,6 +73,13 @@ def headline(r: Result) -> dict:
     elif control_of(r) and control_of(r).get("error"):
         out["control_return"] = "error"
     return out
+
+
+def selectivity_text(value, ci) -> str:
+    """'+0.131 [+0.101, +0.173]' (the interval left out when the analysis has none)."""
+    lo, hi = (ci if isinstance(ci, list) and len(ci) == 2 else [None, None])
+    text = f"{num(value):+.3f}"
+    return text + (f" [{num(lo):+.3f}, {num(hi):+.3f}]" if num(lo) is not None and num(hi) is not None else "")
 
 
 def formatted(r: Result) -> dict[str, str]:
@@ -76,10 +91,12 @@ def formatted(r: Result) -> dict[str, str]:
 # Terminal headers: short enough that the table fits one screen; LEGEND spells them out.
 SHORT = {"in_support_energy": "energy", "manifold_rel_err": "rel.err", "gauge_cosine": "gauge",
          "sign_pattern": "signs", "lazy_drift": "lazy", "kernel_min": "diag", "kernel_margin": "margin",
-         "td_probe_r2": "probe R²", "value_error": "v.err", "control_return": "control"}
+         "td_probe_selectivity": "probe sel. [CI]", "value_error": "v.err", "control_return": "control"}
 LEGEND = ("energy: in-support energy · rel.err: manifold relative error (max block) · gauge: gauge cosine · "
           "signs: value-row sign pattern · lazy: lazy-block drift · diag / margin: min kernel diagonal and its "
-          "margin over (1+γ)/2 (worst layer) · probe R²: TD-probe R² · v.err: value error (last layer) · "
+          "margin over (1+γ)/2 (worst layer) · probe sel.: TD-probe R² minus the largest of its input, random-init and "
+          "shuffled baselines, with its 95% interval over held-out tasks (last layer; ≈ 0: nothing beyond the input) · "
+          "v.err: value error (last layer) · "
           "control: closed-loop return, transformer/teacher")
 
 
@@ -96,5 +113,5 @@ def text_table(results: list[Result], width: int = 28) -> str:
     failed = [r for r in results if r.status != "ok"]
     if failed:
         lines.append("")
-        lines += [f"FAILED {r.input.path}: {r.error}" for r in failed]
+        lines += [f"{r.status.upper()} {r.input.path}: {r.error or r.reasons}" for r in failed]
     return "\n".join(lines)

@@ -23,7 +23,7 @@ h1{margin-bottom:.2em} h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margi
 table{border-collapse:collapse;font-size:13px;margin:1em 0}
 th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;vertical-align:top}
 th{background:#f3f3f3;position:sticky;top:0}
-td.l,th.l{text-align:left} tr.failed td{background:#fde8e8}
+td.l,th.l{text-align:left} tr.failed td,tr.nothing-analyzed td{background:#fde8e8} tr.partial td{background:#fdf6e0}
 .fig{margin:1.5em 0} .fig img{max-width:100%;height:auto;border:1px solid #eee}
 .caption{color:#555;font-size:13px;max-width:60em} .err{color:#b00}
 .muted{color:#777;font-size:13px} code{background:#f6f6f6;padding:0 3px}
@@ -45,9 +45,12 @@ def _table(results: list[Result]) -> str:
         cells = formatted(r)
         tds = "".join(f'<td class="{"l" if i < 4 else ""}">{escape(cells[k])}</td>' for i, (k, _, _) in enumerate(COLUMNS))
         title = escape(str(r.input.path), quote=True)
-        row = f'<tr class="{r.status}" title="{title}">{tds}</tr>'
-        if r.status != "ok":
-            row += f'<tr class="failed"><td class="l err" colspan="{len(COLUMNS)}">{escape(str(r.input.path))}: {escape(r.error)}</td></tr>'
+        status = r.status.replace(" ", "-")
+        row = f'<tr class="{status}" title="{title}">{tds}</tr>'
+        if r.status != "ok":  # failed, nothing analyzed: why; partial: what is missing
+            why = r.error or r.reasons
+            row += (f'<tr class="{"partial" if r.status == "partial" else "failed"}"><td class="l err" '
+                    f'colspan="{len(COLUMNS)}">{escape(str(r.input.path))}: {escape(r.status)}: {escape(why)}</td></tr>')
         body.append(row)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
@@ -120,8 +123,9 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
     """The page as a string (images must already be written when `embed` is true)."""
     report_dir = Path(report_dir)
     families = sorted({r.family for r in results})
-    counts = Counter((r.family, r.status) for r in results)
-    n_failed = sum(r.status != "ok" for r in results)
+    counts = Counter((r.family, r.analyzed) for r in results)
+    n_failed = sum(r.failed for r in results)
+    n_partial = sum(r.status == "partial" for r in results)
     figs_by_family: dict[str, list[FigureInfo]] = defaultdict(list)
     for f in figures:
         figs_by_family[f.family].append(f)
@@ -133,7 +137,8 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<style>{CSS}</style></head><body>",
         f"<h1>{escape(title)}</h1>",
-        f'<p class="muted">{len(results)} inputs, {len(results) - n_failed} analyzed, {n_failed} failed. '
+        f'<p class="muted">{len(results)} inputs, {len(results) - n_failed} analyzed, {n_failed} failed'
+        f'{f" ({n_partial} analyzed partially)" if n_partial else ""}. '
         f"icrl_interp {escape(__version__)}. Machine-readable: "
         '<a href="summary.json">summary.json</a>, <a href="summary.csv">summary.csv</a>.</p>',
         "<nav>" + "".join(f'<a href="#{_anchor(f)}">{escape(f)}</a>' for f in families) + "</nav>",
@@ -141,14 +146,16 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
         "</tr></thead><tbody>",
     ]
     for fam in families:
-        ok, total = counts[(fam, "ok")], sum(v for (f, _), v in counts.items() if f == fam)
+        ok, total = counts[(fam, True)], sum(v for (f, _), v in counts.items() if f == fam)
         out.append(f'<tr><td class="l"><a href="#{_anchor(fam)}">{escape(fam)}</a></td><td>{total}</td>'
                    f"<td>{ok}</td><td>{total - ok}</td></tr>")
     out.append("</tbody></table>")
     out.append(
         '<p class="caption">What good looks like: in-support energy 1, manifold relative error 0 and gauge '
         "cosine 1 (θ* up to the scale gauge), sign pattern <code>+,+,-</code> (R + γv′ − v), lazy drift 0, "
-        "kernel-diagonality margin above 0 (every min_s M̂(s,s) above (1+γ)/2), TD-probe R² near 1, and "
+        "kernel-diagonality margin above 0 (every min_s M̂(s,s) above (1+γ)/2), a TD-probe selectivity whose "
+        "95% interval lies above 0 (the probe's R² beats the prompt column alone, the random-init model and "
+        "shuffled labels; a raw R² near 1 is not evidence: δ is mostly the reward, which is in the input), and "
         "small value error. Worst layer for the kernel; last layer for the probe and the value error. "
         "In-context control (sarsa / actor-critic checkpoints): the transformer's return equal to the teacher's.</p>"
     )

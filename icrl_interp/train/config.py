@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..errors import UserError, check
 from .recipe import recipe, training_families
@@ -43,6 +44,10 @@ class TrainConfig:
     """Append a metrics.jsonl line every this many steps."""
     eval_tasks: int = 64
     """Held-out tasks for the final evaluation (drawn from a seed disjoint from training)."""
+
+    # Fields added after runs were shipped: they enter the run id (`trainer.run_id`) only when they differ
+    # from their default, so the runs made before them keep their ids.
+    LATE_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     def validate(self) -> "TrainConfig":
         known = training_families()
@@ -89,7 +94,11 @@ def config_from_dict(data: dict) -> TrainConfig:
 
 
 def _coerce(name: str, value, kind: str):
-    """Cast a JSON/CLI value to the declared field type (int/float/bool/str), with a clear error."""
+    """Cast a JSON/CLI value to the declared field type (int/float/bool/str, or one of them | None), with a clear error."""
+    if kind.endswith(" | None"):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        kind = kind[: -len(" | None")]
     try:
         if kind == "bool":
             if isinstance(value, str):

@@ -17,6 +17,7 @@ evaluation) comes from the family's training recipe (`icrl_interp.train.recipe`)
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import UserError, check
+from ..errors import UserError, check, one_line
 from ..files import atomic_dir, write_atomic
 from .config import TrainConfig, config_from_dict
 from .evaluate import EVAL_STREAM, evaluate_run  # noqa: F401  (EVAL_STREAM: re-exported, as before)
@@ -49,7 +50,10 @@ def sample_batch(cfg: TrainConfig, rng: np.random.Generator):
 
 def run_id(cfg: TrainConfig) -> str:
     """Deterministic id: family, seed and a hash of the config (so same config -> same checkpoints)."""
-    blob = json.dumps({k: v for k, v in cfg.to_dict().items() if k not in ("steps", "checkpoint_every", "log_every")}, sort_keys=True)
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    late = getattr(type(cfg), "LATE_FIELDS", ())
+    blob = json.dumps({k: v for k, v in cfg.to_dict().items() if k not in ("steps", "checkpoint_every", "log_every")
+                       and not (k in late and v == defaults.get(k))}, sort_keys=True)
     return f"{cfg.family}-s{cfg.seed}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
@@ -115,7 +119,9 @@ def save_checkpoint(run_dir: Path, model, opt: torch.optim.Optimizer, cfg: Train
 
 
 def load_resume_state(step_dir: Path, model, opt: torch.optim.Optimizer) -> int:
-    """Load parameters and Adam moments of a checkpoint into `model` and `opt`; returns its step."""
+    """Load parameters and Adam moments of a checkpoint into `model` and `opt`; returns its step.
+
+    A corrupt or foreign trainer_state.json / optimizer.safetensors is a one-line UserError."""
     from safetensors.torch import load_file
 
     from .. import checkpoint
@@ -127,23 +133,39 @@ def load_resume_state(step_dir: Path, model, opt: torch.optim.Optimizer) -> int:
         for name, p in model.named_parameters():
             check(name in src and src[name].shape == p.shape, f"checkpoint {step_dir} does not match the run's model ({name})")
             p.copy_(src[name])
-    state = json.loads((step_dir / "trainer_state.json").read_text())
-    tensors = load_file(str(step_dir / "optimizer.safetensors"))
-    for name, p in model.named_parameters():
-        if name in state["adam_steps"]:
-            opt.state[p] = {
-                "step": torch.tensor(state["adam_steps"][name]),
-                "exp_avg": tensors[f"{name}.exp_avg"].to(p.dtype),
-                "exp_avg_sq": tensors[f"{name}.exp_avg_sq"].to(p.dtype),
-            }
-    return int(state["step"])
+    fix = f"delete {step_dir} to resume from the checkpoint before it, or use a fresh --out"
+    try:
+        state = json.loads((step_dir / "trainer_state.json").read_text())
+        step, adam_steps = int(state["step"]), dict(state["adam_steps"])
+    except Exception as e:  # noqa: BLE001 - any defect of the file is the same user error
+        raise UserError(f"cannot resume: {step_dir}/trainer_state.json is corrupt ({one_line(e)}); {fix}") from None
+    try:
+        tensors = load_file(str(step_dir / "optimizer.safetensors"))
+        moments = {}
+        for name, p in model.named_parameters():
+            if name in adam_steps:
+                avg, sq = tensors[f"{name}.exp_avg"], tensors[f"{name}.exp_avg_sq"]
+                check(avg.shape == p.shape and sq.shape == p.shape, f"moments of {name} have the wrong shape")
+                moments[p] = {"step": torch.tensor(float(adam_steps[name])), "exp_avg": avg.to(p.dtype),
+                              "exp_avg_sq": sq.to(p.dtype)}
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"cannot resume: {step_dir}/optimizer.safetensors is corrupt ({one_line(e)}); {fix}") from None
+    opt.state.update(moments)
+    return step
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
     """Drop metric lines past `step` (they came from the part of a killed run that is redone)."""
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    keep = []
+    for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        try:
+            if line.strip() and int(json.loads(line)["step"]) <= step:
+                keep.append(line)
+        except Exception as e:  # noqa: BLE001 - a torn or edited line
+            raise UserError(f"cannot resume: {path} line {i} is not a metrics line ({one_line(e)}); "
+                            "repair or delete that file, or use a fresh --out") from None
     write_atomic(path, "".join(line + "\n" for line in keep))
 
 
@@ -174,17 +196,15 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
 
     cfg.validate()
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     rid = run_id(cfg)
     cfg_path = run_dir / "config.json"
     if cfg_path.exists():
         try:
             old = config_from_dict({k: v for k, v in json.loads(cfg_path.read_text()).items() if k != "run_id"})
-        except (json.JSONDecodeError, UserError) as e:
-            raise UserError(f"{cfg_path} is not a training config ({e}); use a fresh --out") from None
+        except (ValueError, TypeError, AttributeError, RecursionError, OSError) as e:
+            raise UserError(f"{cfg_path} is not a training config ({one_line(e)}); use a fresh --out") from None
         differ = sorted(k for k, v in cfg.to_dict().items() if k != "steps" and old.to_dict().get(k) != v)
         check(not differ, f"{run_dir} holds a run with a different config ({', '.join(differ)}); use a fresh --out")
-    write_atomic(cfg_path, json.dumps({**cfg.to_dict(), "run_id": rid}, indent=1))
 
     deterministic, old_threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
     torch.use_deterministic_algorithms(True)
@@ -199,6 +219,9 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
             start = load_resume_state(ckpts[-1][1], model, opt)
         metrics_path = run_dir / "metrics.jsonl"
         _truncate_metrics(metrics_path, start)
+        # everything that can refuse the run has run: only now is the run directory made
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(cfg_path, json.dumps({**cfg.to_dict(), "run_id": rid}, indent=1))
         recipe = recipe_of(cfg)
         objective = recipe.objective(cfg)
         named = dict(model.named_parameters())
@@ -241,6 +264,15 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
     finally:
         torch.use_deterministic_algorithms(deterministic)
         torch.set_num_threads(old_threads)
+
+
+def is_run_dir(path) -> bool:
+    """A training run directory: its config.json is a training config with the trainer's run_id."""
+    try:
+        data = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("run_id"), str) and isinstance(data.get("family"), str)
 
 
 def export_final(run_dir, out_dir) -> Path:

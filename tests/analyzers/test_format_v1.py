@@ -29,7 +29,7 @@ REFERENCE_VALUE_ERRORS = {
     "linear-td": [2.2925862403859214, 2.166029239512886],
     "softmax-td": [2.4544172268348543, 2.192991330088475, 1.952908068069358],
 }
-VALUE_RMS = {"linear-td": [1.5141288735719731, 1.4717436057970572],
+VALUE_RMS = {"linear-td": [2.8012291630473034, 2.6457174815456814],  # root mean squares since 0.2
              "softmax-td": [2.2076012782843994, 1.9881397741455706, 1.7949276831997538]}
 PRIMARY_HOOK = {"linear-td": "hook_resid_post", "softmax-td": "hook_resid_post",
                 "sarsa": "attn.hook_attn_scores", "actor-critic": "attn.hook_attn_scores"}
@@ -97,7 +97,8 @@ def test_activation_numbers_are_those_of_0_1(family, recordings):
             assert layer["teacher_rel_err"] < 1e-7
         assert layer["reference_gap"] < 1e-7  # float32 activations of a float64 theta* model
         assert layer["td_probe_hook"] == f"blocks.{l}.{PRIMARY_HOOK[family]}"
-        assert layer["td_probe_r2"] > 1 - 1e-12
+        # 8 prompts split by task id (issue #12) leave 4 for training: the CV penalty shrinks by ~1e-7
+        assert layer["td_probe_r2"] > 1 - 1e-6
         if family == "softmax-td":
             assert layer["kernel_diagonality"]["min"] == pytest.approx(KERNEL_MIN, rel=1e-12)
         else:

@@ -35,7 +35,7 @@ def test_cli_trains_exports_and_reports_errors(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("family, flag", [("sarsa", "--windows"), ("linear-td", "--w-std"), ("softmax-td", "--lam-std"),
-                                          ("actor-critic", "--d")])
+                                          ("actor-critic", "--windows")])
 def test_a_flag_of_another_family_is_refused_in_one_line(tmp_path, capsys, family, flag):
     assert _exit_code(["train", family, "--out", str(tmp_path / "x"), flag, "3"]) == 2
     err = capsys.readouterr().err

@@ -190,8 +190,8 @@ def test_cli_exit_codes(inputs, tmp_path, capsys):
     assert "θ* (theta)" in out and "2 inputs: 2 analyzed" in out
     code = main(["report", *map(str, good), str(inputs["missing"]), "--out", str(tmp_path / "bad"),
                  "--analyzer", FAKE, "--workers", "1"])
-    assert code == 1
-    assert "FAILED" in capsys.readouterr().out
+    assert code == 2  # a path that does not exist is refused before anything is written
+    assert "nope does not exist" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     assert main(["report", str(good[0]), "--workers", "0", "--out", str(tmp_path / "x")]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
 

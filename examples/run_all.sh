@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Both example models end to end on the command line: train -> record -> analyze -> causal -> report.
+#
+#   examples/run_all.sh [OUT]             # full size: OUT (default example-runs)
+#   STEPS=5 TASKS=256 examples/run_all.sh /tmp/quick   # a smoke test
+#
+# examples/run_all.py does the same through the Python API. Run from anywhere; paths are relative to
+# the repository root, and the commands come from .venv (override with BIN=...).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-.venv/bin}
+OUT=${1:-example-runs}
+STEPS=${STEPS:-1200}        # training steps per model (batch 256, fresh tasks every step)
+TASKS=${TASKS:-2048}        # prompts recorded per model
+CAUSAL_TASKS=${CAUSAL_TASKS:-256}
+THREADS=${THREADS:-1}       # torch threads for training: one is fastest for these tiny products on a busy box
+TASK=(--task linear-td --d 4 --n 30 --layers 3)   # the task the models are trained on
+mkdir -p "$OUT"
+
+for X in torch tl; do
+  PROBE=()
+  if [ "$X" = torch ]; then PROBE=(--probe examples/torch_model.toml); fi   # TransformerLens needs none
+  W="$OUT/${X}_model.safetensors"
+
+  echo "== $X: train"
+  "$BIN/python" examples/train_example.py "$X" --steps "$STEPS" --threads "$THREADS" --out "$W" --json "$OUT/${X}_train.json"
+
+  echo "== $X: record"
+  rm -f "$OUT/$X.h5"   # record refuses to overwrite a recording
+  "$BIN/icrl-interp" record --model "examples/${X}_model.py:make" --weights "$W" "${TASK[@]}" \
+      ${PROBE[@]+"${PROBE[@]}"} --tasks "$TASKS" --out "$OUT/$X.h5" --quiet
+
+  echo "== $X: analyze"
+  "$BIN/icrl-interp" analyze "$OUT/$X.h5" --json "$OUT/$X.json"
+
+  # Layer 0: the test edits the context columns of the residual stream; after the last layer no
+  # attention reads them any more, so an edit there cannot reach the output at the query.
+  echo "== $X: causal"
+  "$BIN/icrl-interp" causal --model "examples/${X}_model.py:make" --weights "$W" "${TASK[@]}" \
+      ${PROBE[@]+"${PROBE[@]}"} --layer 0 --tasks "$CAUSAL_TASKS" \
+      --json "$OUT/${X}_causal.json" --figure "$OUT/${X}_causal.png"
+done
+
+echo "== report"
+"$BIN/icrl-interp" report "$OUT/torch.h5" "$OUT/tl.h5" --out "$OUT/report" --no-progress

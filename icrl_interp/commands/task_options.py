@@ -1,0 +1,58 @@
+"""Task flags shared by the commands that run a user's model on a family's task (`record`, `causal`):
+`--task FAMILY` plus the family's construct options (`icrl-interp construct FAMILY --help`)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+
+def add(p: argparse.ArgumentParser) -> None:
+    """--model, --weights, --task and the union of every family's construct options (a flag a family
+    lacks is refused once the family is known)."""
+    from .. import registry
+    from ..cli_fields import add_fields
+
+    p.add_argument("--model", metavar="FILE.py:FUNC", help="your own model: FUNC() returns a torch.nn.Module taking the "
+                   "task's prompts z[batch, pos, d_model] (FILE.py:FUNC or package.module:FUNC; docs/byom.md)")
+    p.add_argument("--weights", metavar="W.safetensors", help="state dict loaded strictly into --model")
+    names = registry.where(lambda f: f.construct is not None)
+    p.add_argument("--task", choices=names, help="the family whose task --model is recorded on")
+    group = p.add_argument_group("task options (with --task; as in `icrl-interp construct FAMILY`)")
+    seen: set[str] = set()
+    fields: dict[str, list[str]] = {}
+    for name in names:
+        cls = registry.get(name).construct
+        fields[name] = [f.name for f in dataclasses.fields(cls)]
+        fresh = tuple(f.name for f in dataclasses.fields(cls) if f.name in seen)
+        seen.update(add_fields(group, cls, skip=fresh))
+    p.set_defaults(_task_fields=fields)
+
+
+def values(args) -> dict:
+    """The task options the user gave, checked against the chosen family's."""
+    from ..cli_fields import given
+    from ..errors import UserError
+
+    every = sorted({n for names in args._task_fields.values() for n in names})
+    chosen = given(args, every)
+    if args.task is None:
+        if chosen:
+            raise UserError(f"--{next(iter(chosen)).replace('_', '-')} is a task option: give --task FAMILY with it")
+        return {}
+    own = set(args._task_fields[args.task])
+    foreign = sorted(set(chosen) - own)
+    if foreign:
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in foreign)
+        raise UserError(f"{flags}: not an option of the {args.task} task (its options: "
+                        f"{', '.join('--' + k.replace('_', '-') for k in sorted(own))})")
+    return chosen
+
+
+def input_files(args) -> list[str]:
+    """Every file or directory the command reads (an output may be none of them)."""
+    model_file = None
+    if args.model and ":" in args.model:
+        target = args.model.rpartition(":")[0]
+        model_file = target if target.endswith(".py") else None
+    names = ("checkpoint", "probe", "prompts", "weights")
+    return [v for v in [*(getattr(args, n, None) for n in names), model_file] if v]
