@@ -83,6 +83,9 @@ def run_one(which: str, out: Path, *, steps: int, tasks: int, seed: int = 0, cau
     section = causal_test(model, task_config(TASK, TASK_OPTIONS), CAUSAL_LAYER, probe=probe, tasks=causal_tasks,
                           seed=seed, random_draws=random_draws, bootstrap=bootstrap)
     write_json(paths["causal"], {"schema": CAUSAL_SCHEMA, "source": f"{spec['file']}:make", "causal": section})
+    comparison = section.get("baseline", {}).get("comparison")
+    if comparison:  # the trained model against its random-init copy (docs/causal.md)
+        say(f"   exceeds random init: {comparison['exceeds_random_init']}")
     return {"paths": paths, "train": trained, "summary": summary, "analysis": analysis, "causal": section}
 
 
@@ -115,6 +118,10 @@ def main(argv=None) -> int:
         t = r["train"]
         print(f"{which}: held-out RMSE to v_pi(s_q) {t['before']['rmse']:.3f} at init -> {t['after']['rmse']:.3f} "
               f"trained ({t['steps']} steps, {t['wall_s']:.0f} s wall, {t['cpu_s']:.0f} s CPU)")
+        comparison = r["causal"].get("baseline", {}).get("comparison")
+        if comparison:
+            print(f"{which}: causal layer {CAUSAL_LAYER} against the random-init copy: "
+                  f"{comparison['exceeds_random_init']}")
     print(f"done in {time.perf_counter() - t0:.0f} s; outputs in {out}")
     return 0
 

@@ -34,7 +34,8 @@ for X in torch tl; do
   "$BIN/icrl-interp" analyze "$OUT/$X.h5" --json "$OUT/$X.json"
 
   # Layer 0: the test edits the context columns of the residual stream; after the last layer no
-  # attention reads them any more, so an edit there cannot reach the output at the query.
+  # attention reads them any more, so an edit there cannot reach the output at the query. The same
+  # test runs on the random-init copy, and the table ends with "exceeds random init (erasure): yes/no".
   echo "== $X: causal"
   "$BIN/icrl-interp" causal --model "examples/${X}_model.py:make" --weights "$W" "${TASK[@]}" \
       ${PROBE[@]+"${PROBE[@]}"} --layer 0 --tasks "$CAUSAL_TASKS" \

@@ -16,6 +16,11 @@ Every edit is x -> x - c (b.x - m) + v (`Edit`). The same edit along random unit
 draws; LEACE: the eraser of the concept g.x) is the control. Output and value-error
 changes are compared per held-out task, with paired effect sizes and bootstrap intervals.
 
+By default the identical test also runs on the same architecture at random initialization
+(`recorder.random_init_copy`: same tasks, split, random directions and resamples, its own direction),
+and the two models are compared on the excess output change (TD minus random directions, in output
+units, per task), which a model whose output barely moves cannot win by a scale-free ratio.
+
 Works for the package's models (TransformerLens hook names) and for any torch module through the
 [roles] of a probe spec (`capture.role_points`); the residual stream may have its own width.
 """
@@ -348,6 +353,9 @@ class CausalSetup:
     batch: object
     """The sampled PromptBatch (all tasks)."""
     notes: list = field(default_factory=list)
+    probe_sums: np.ndarray | None = None
+    """Per held-out task [N_test, 4]: the probe's sum of squared residuals, samples, sum and sum of squares
+    of its targets (the probe's held-out R^2 from any subset of tasks: `analyzers.td_probe.r2_of_sums`)."""
 
     @property
     def width(self) -> int:
@@ -509,6 +517,9 @@ def prepare(model, config, layer: int, *, hook: str | None = None, roles: dict |
     if F == 1:
         notes.append("feature width 1: every direction is the TD direction up to sign, so the random control "
                      "is not informative")
+    yh = y[test]
+    resid = yh - (X[test] @ probe["coef"] + probe["intercept"])
+    probe_sums = np.stack([(resid ** 2).sum(1), np.full(test.size, float(n)), yh.sum(1), (yh ** 2).sum(1)], 1)
     Xt, yt = X[train].reshape(-1, F), y[train].ravel()
     proj = Xt @ u
     mean_x = Xt.mean(0)
@@ -519,7 +530,7 @@ def prepare(model, config, layer: int, *, hook: str | None = None, roles: dict |
     return CausalSetup(runner=runner, site=site, family=fam.name, z_test=z[test], base=out[test], truth=truth,
                        truth_kind=truth_kind, direction=u, direction_source=source, mean=float(proj.mean()),
                        std=float(proj.std()), mean_x=mean_x, cov_x=cov_x, cov_xz=cov_xz, probe=probe,
-                       train_index=train, test_index=test, batch=batch, notes=notes)
+                       train_index=train, test_index=test, batch=batch, notes=notes, probe_sums=probe_sums)
 
 
 # ------------------------------------------------------------------------- statistics
@@ -540,6 +551,15 @@ def _paired_d(diff: np.ndarray) -> np.ndarray:
     return np.where(sd > 0, d, np.where(m == 0, 0.0, np.nan))
 
 
+def excess(td: np.ndarray, rand: np.ndarray) -> np.ndarray:
+    """Per held-out task: the TD direction's effect minus the mean over the random draws (td [N], rand
+    [N, K]), in the effect's own units; differences at the level of rounding are 0."""
+    td, rand = np.asarray(td, dtype=np.float64), np.asarray(rand, dtype=np.float64)
+    diff = td - rand.mean(1)
+    scale = max(float(np.max(np.abs(td), initial=0.0)), float(np.max(np.abs(rand), initial=0.0)))
+    return np.where(np.abs(diff) <= 1e-10 * scale, 0.0, diff)  # rounding is no difference
+
+
 def compare(td: np.ndarray, rand: np.ndarray, rng: np.random.Generator, n_boot: int = 1000,
             ratio: bool = True) -> dict:
     """TD-direction effect per held-out task (td [N]) against random draws (rand [N, K]).
@@ -551,9 +571,7 @@ def compare(td: np.ndarray, rand: np.ndarray, rng: np.random.Generator, n_boot: 
     td, rand = np.asarray(td, dtype=np.float64), np.asarray(rand, dtype=np.float64)
     N, K = rand.shape
     rbar = rand.mean(1)
-    diff = td - rbar
-    scale = max(float(np.max(np.abs(td), initial=0.0)), float(np.max(np.abs(rand), initial=0.0)))
-    diff = np.where(np.abs(diff) <= 1e-10 * scale, 0.0, diff)  # rounding is no difference
+    diff = excess(td, rand)
     idx = rng.integers(0, N, size=(n_boot, N))
     td_b, r_b, diff_b = td[idx].mean(1), rbar[idx].mean(1), diff[idx]
     draws = rand.mean(0)
@@ -580,38 +598,39 @@ def _num(x) -> float | None:
 
 
 # ------------------------------------------------------------------------- the test
-def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | None = None,
-                roles: dict | None = None, probe=None, direction="probe", tasks: int = 256,
-                test_fraction: float = 0.5, seed: int = 0, random_draws: int = 32, steer=DEFAULT_STEER,
-                bootstrap: int = 1000, batch_size: int = 256) -> dict:
-    """Erase / steer the TD-error direction at `layer` and compare with random directions (docs/causal.md).
+BASELINES = ("random-init", "none")
+"""What the identical test also runs on: the same architecture at random initialization
+(`recorder.random_init_copy`), or nothing."""
+MEASURE = ("excess output change: per held-out task, ||out_edited - out||_2 from erasing the TD direction "
+           "minus its mean over the random directions, in the output's own units (the task's values); "
+           "trained minus random-init per task, 95% bootstrap over held-out tasks")
+"""What the trained-vs-random-init comparison is based on (docs/causal.md#trained-against-random-init)."""
 
-    `model`: one of the package's models or any torch module (with `roles` or a `probe` spec path whose
-    [roles] map resid_post etc. to its modules, unless it is a TransformerLens model). `config`: the task
-    (a CheckpointConfig, a checkpoint directory, or a family name with its default options).
-    Returns the `causal` section of the causal JSON (docs/formats.md#causal-json)."""
-    if method not in METHODS:
-        raise UserError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
-    draws = _check_int("--random-draws", random_draws, 2)
-    n_boot = _check_int("--bootstrap", bootstrap, 10)
-    scales = [float(s) for s in (steer or ())]
-    if not all(math.isfinite(s) for s in scales):
-        raise UserError(f"steering scales must be finite, got {steer!r}")
-    if probe is not None and roles is None:
-        from .recorder import spec_for
 
-        roles = dict(spec_for(model, probe).roles) or None
-    setup = prepare(model, config, layer, hook=hook, roles=roles, direction=direction, tasks=tasks,
-                    test_fraction=test_fraction, seed=seed, batch_size=batch_size)
+@dataclass
+class Measured:
+    """One model's effects on the held-out tasks: the JSON statistics and the per-task arrays behind them."""
+
+    erasure: dict
+    steering: list
+    per_task: dict
+    """'output', 'value_error': (TD [N], random [N, K]) of the erasure; 'steer': one such pair per scale."""
+    largest: float
+    """The largest output change of any edit (TD or random direction, erasure or steering)."""
+
+
+def measure(setup: CausalSetup, method: str, G: np.ndarray, scales, seed: int, n_boot: int) -> Measured:
+    """Erase and steer the TD direction of `setup` and the random directions G [K, width] on its
+    held-out tasks. The bootstrap resamples are a pure function of `seed`, so two models measured on the
+    same tasks share them."""
     rng = np.random.default_rng([int(seed), 0xB007])
-    G = random_directions(setup.width, draws, seed, setup.site.layer)
     base, ve0 = setup.base, setup.value_error(setup.base)
 
     def effect(edit: Edit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         out = setup.output(edit)
         return np.linalg.norm(out - base, axis=-1), setup.value_error(out) - ve0, (out - base)
 
-    with eval_mode(model):
+    with eval_mode(setup.runner.model):
         td_edit = setup.erase(method)
         td_abs, td_ve, td_delta = effect(td_edit)
         rand = [effect(setup.erase_random(method, g)) for g in G]
@@ -626,7 +645,7 @@ def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | 
         if method == "leace":
             c = td_edit.c
             erasure["leace_cosine"] = float(c @ setup.direction / np.linalg.norm(c))
-        curve = []
+        curve, steer = [], []
         for s in scales:
             t_abs, t_ve, t_delta = effect(setup.steer(s))
             rs = [effect(setup.steer(s, g)) for g in G]
@@ -643,21 +662,218 @@ def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | 
                            "band": [float(np.percentile(means, 5)), float(np.percentile(means, 95))],
                            "value_error_change": float(rv.mean())},
                 "ratio": cmp["ratio"]["value"], "cohen_d": cmp["cohen_d"]["value"]})
+            steer.append((t_abs, ra))
+    largest = max([float(td_abs.max(initial=0.0)), float(r_abs.max(initial=0.0))]
+                  + [max(float(t.max(initial=0.0)), float(r.max(initial=0.0))) for t, r in steer])
+    return Measured(erasure, curve, {"output": (td_abs, r_abs), "value_error": (td_ve, r_ve), "steer": steer},
+                    largest)
+
+
+def reach_note(setup: CausalSetup, largest: float) -> str | None:
+    """A note when no edit at all (TD or random direction) moved the output: at the last layer's
+    context columns nothing reads them any more; elsewhere the output does not depend on them."""
+    import torch
+
+    eps = float(torch.finfo(setup.runner.dtype).eps) if setup.runner.dtype.is_floating_point else 0.0
+    if largest > 64 * eps * max(1.0, float(np.max(np.abs(setup.base), initial=0.0))):
+        return None
+    site = setup.site
+    if site.layer == site.n_layers - 1:
+        return (f"layer {site.layer} is the last of {site.n_layers}: the edits touch only the context columns "
+                f"of {site.canonical}, and no later layer reads them (the output is read at the last column), "
+                f"so no edit, along the TD direction or a random one, changed the output: every effect is 0 "
+                f"and says nothing about whether the model uses the direction. Test an earlier layer")
+    return (f"no edit, along the TD direction or a random one, changed the output: the output does not depend "
+            f"on the context columns of {site.canonical}")
+
+
+def _model_part(setup: CausalSetup, m: Measured, seed: int) -> dict:
+    """The per-model fields of the section (also those of `baseline`)."""
     probe_out = {k: v for k, v in setup.probe.items() if k not in ("coef", "intercept")}
-    fam = registry.get(setup.family)
+    note = reach_note(setup, m.largest)
     return {
-        "model": {"class": type(model).__name__,
-                  "family": model.config.family if _own(model) else None},
-        "task": {"family": setup.family, "n": int(setup.z_test.shape[1] - 1), "output": fam.hints.output,
-                 "output_width": int(base.shape[1])},
-        "layer": setup.site.layer, "n_layers": setup.site.n_layers, "hook": setup.site.canonical,
-        "module": setup.site.point, "method": method,
         "direction": {"source": setup.direction_source, "width": setup.width, "mean": setup.mean, "std": setup.std,
                       **probe_out},
         "tasks": {"train": int(setup.train_index.size), "test": int(setup.test_index.size), "seed": int(seed)},
-        "random_draws": draws, "bootstrap": n_boot,
-        "value_error": {"target": setup.truth_kind, "base": float(ve0.mean())},
-        "erasure": erasure,
-        "steering": curve,
-        "notes": list(setup.notes),
+        "value_error": {"target": setup.truth_kind, "base": float(setup.value_error(setup.base).mean())},
+        "erasure": m.erasure,
+        "steering": m.steering,
+        "notes": list(setup.notes) + ([note] if note else []),
     }
+
+
+def _versus(a: np.ndarray, b: np.ndarray, idx: np.ndarray) -> dict:
+    """Per-task a (trained) and b (random-init) on the same tasks: means, and the paired difference."""
+    d = a - b
+    return {"trained": {"mean": float(a.mean()), "ci": _ci(a[idx].mean(1))},
+            "random_init": {"mean": float(b.mean()), "ci": _ci(b[idx].mean(1))},
+            "difference": {"mean": float(d.mean()), "ci": _ci(d[idx].mean(1))}}
+
+
+def _probe_versus(a: np.ndarray, b: np.ndarray, idx: np.ndarray) -> dict:
+    """Held-out probe R^2 of each model from per-task sums [N, 4], and the paired difference."""
+    from .analyzers.td_probe import r2_of_sums
+
+    r2 = lambda sums: r2_of_sums(*np.moveaxis(sums, -1, 0))  # noqa: E731
+    ra, rb = r2(a[idx].sum(1)), r2(b[idx].sum(1))
+    return {"trained": {"mean": _num(r2(a.sum(0))), "ci": _ci(ra)},
+            "random_init": {"mean": _num(r2(b.sum(0))), "ci": _ci(rb)},
+            "difference": {"mean": _num(r2(a.sum(0)) - r2(b.sum(0))), "ci": _ci(ra - rb)}}
+
+
+def _g(x) -> str:
+    return "—" if x is None else f"{x:.3g}"
+
+
+def _stat(st: dict) -> str:
+    ci = st.get("ci")
+    return _g(st.get("mean")) + (f" [{_g(ci[0])}, {_g(ci[1])}]" if ci else " (no interval)")
+
+
+def verdict(v: dict, what: str) -> str:
+    """'yes: ...' when the trained model's interval lies wholly above the random-init model's and above 0
+    (an excess that random directions match is no effect, however low the random-init one); else 'no: ...'
+    with the reason."""
+    t, b, d = v["trained"], v["random_init"], v["difference"]
+    desc = f"{what}: trained {_stat(t)}, random-init {_stat(b)}; paired difference {_stat(d)}"
+    if not t.get("ci") or not b.get("ci"):
+        return f"no: no interval to compare ({desc})"
+    if t["ci"][1] < b["ci"][0]:
+        return f"no: the random-init model's is larger, intervals do not overlap ({desc})"
+    if t["ci"][0] <= b["ci"][1]:
+        return f"no: intervals overlap ({desc})"
+    if t["ci"][0] <= 0.0:
+        return f"no: intervals do not overlap, but the trained model's reaches 0 ({desc})"
+    return f"yes: intervals do not overlap ({desc})"
+
+
+def compare_models(trained: Measured, base: Measured, setup: CausalSetup, base_setup: CausalSetup,
+                   seed: int, n_boot: int) -> dict:
+    """The trained model against its random-init copy on the same held-out tasks and random draws.
+
+    Per task and model, the excess of the TD direction's effect over the random directions' (`excess`);
+    the bootstrap resamples of the tasks are the first of each model's own statistics, so the
+    `erasure.output_change` intervals here equal the models' own `difference` intervals."""
+    N = setup.z_test.shape[0]
+    idx = np.random.default_rng([int(seed), 0xB007]).integers(0, N, size=(n_boot, N))
+    ex = lambda pair: excess(*pair)  # noqa: E731
+    t, b = trained.per_task, base.per_task
+    ratio = lambda m: m.erasure["output_change"].get("ratio")  # noqa: E731
+    out = {
+        "measure": MEASURE,
+        "erasure": {"output_change": _versus(ex(t["output"]), ex(b["output"]), idx),
+                    "value_error_change": _versus(ex(t["value_error"]), ex(b["value_error"]), idx),
+                    "td_output_change": _versus(t["output"][0], b["output"][0], idx),
+                    "random_output_change": _versus(t["output"][1].mean(1), b["output"][1].mean(1), idx)},
+        "ratio": {"trained": ratio(trained), "random_init": ratio(base)},
+        "steering": [{"scale": p["scale"], **_versus(ex(ts), ex(bs), idx)}
+                     for p, ts, bs in zip(trained.steering, t["steer"], b["steer"])],
+        "probe_r2_test": _probe_versus(setup.probe_sums, base_setup.probe_sums, idx),
+        "scale": {"trained": _rms(setup.base), "random_init": _rms(base_setup.base), "target": _rms(setup.truth)},
+    }
+    for point in out["steering"]:
+        point["exceeds_random_init"] = verdict(point, f"excess output change, steering s={point['scale']:g}")
+    out["exceeds_random_init"] = verdict(out["erasure"]["output_change"], "excess output change")
+    out["probe_exceeds_random_init"] = verdict(out["probe_r2_test"], "held-out probe R²")
+    return out
+
+
+def _rms(out: np.ndarray) -> float:
+    """Root mean square over held-out tasks of ||out||_2."""
+    return float(np.sqrt(np.mean(np.sum(np.asarray(out, dtype=np.float64) ** 2, -1))))
+
+
+def scale_note(comparison: dict, factor: float = 10.0) -> str | None:
+    """A note when the two models' outputs differ in scale by more than `factor`: absolute effects of a
+    model whose output is much larger than the task's values are large and noisy whatever it uses."""
+    sc = comparison["scale"]
+    t, b = sc["trained"], sc["random_init"]
+    if t > 0 and b > 0 and max(t / b, b / t) <= factor:
+        return None
+    return (f"the random-init copy's output (rms {b:.3g}) and the trained model's (rms {t:.3g}; the target's "
+            f"{sc['target']:.3g}) differ in scale by more than {factor:g}x: absolute effects scale with the "
+            f"output, so read the comparison with the ratio and the scale")
+
+
+def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | None = None,
+                roles: dict | None = None, probe=None, direction="probe", tasks: int = 256,
+                test_fraction: float = 0.5, seed: int = 0, random_draws: int = 32, steer=DEFAULT_STEER,
+                bootstrap: int = 1000, batch_size: int = 256, baseline: str = "random-init",
+                baseline_seed: int | None = None) -> dict:
+    """Erase / steer the TD-error direction at `layer` and compare with random directions (docs/causal.md).
+
+    `model`: one of the package's models or any torch module (with `roles` or a `probe` spec path whose
+    [roles] map resid_post etc. to its modules, unless it is a TransformerLens model). `config`: the task
+    (a CheckpointConfig, a checkpoint directory, or a family name with its default options).
+    `baseline='random-init'` runs the identical test (same held-out tasks and split, same random
+    directions, same bootstrap resamples, its own direction fitted the same way) on the same architecture
+    at random initialization (`recorder.random_init_copy(model, baseline_seed)`, default seed: `seed`)
+    and compares the two; 'none' does not.
+    Returns the `causal` section of the causal JSON (docs/formats.md#causal-json)."""
+    if method not in METHODS:
+        raise UserError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
+    if baseline not in BASELINES:
+        raise UserError(f"--baseline {baseline!r}: expected one of {', '.join(BASELINES)}")
+    draws = _check_int("--random-draws", random_draws, 2)
+    n_boot = _check_int("--bootstrap", bootstrap, 10)
+    base_seed = _check_int("--baseline-seed", seed if baseline_seed is None else baseline_seed)
+    scales = [float(s) for s in (steer or ())]
+    if not all(math.isfinite(s) for s in scales):
+        raise UserError(f"steering scales must be finite, got {steer!r}")
+    if probe is not None and roles is None:
+        from .recorder import spec_for
+
+        roles = dict(spec_for(model, probe).roles) or None
+    common = dict(hook=hook, roles=roles, tasks=tasks, test_fraction=test_fraction, seed=seed, batch_size=batch_size)
+    setup = prepare(model, config, layer, direction=direction, **common)
+    G = random_directions(setup.width, draws, seed, setup.site.layer)
+    measured = measure(setup, method, G, scales, seed, n_boot)
+    fam = registry.get(setup.family)
+    section = {
+        "model": {"class": type(model).__name__,
+                  "family": model.config.family if _own(model) else None},
+        "task": {"family": setup.family, "n": int(setup.z_test.shape[1] - 1), "output": fam.hints.output,
+                 "output_width": int(setup.base.shape[1])},
+        "layer": setup.site.layer, "n_layers": setup.site.n_layers, "hook": setup.site.canonical,
+        "module": setup.site.point, "method": method,
+        "random_draws": draws, "bootstrap": n_boot,
+    }
+    part = _model_part(setup, measured, seed)
+    notes = part.pop("notes")
+    section.update(part)
+    section["notes"] = notes
+    if baseline == "random-init":
+        section["baseline"] = _baseline(model, config, layer, setup, measured, method, direction, G, scales,
+                                        seed, base_seed, n_boot, common)
+    return section
+
+
+def _baseline(model, config, layer, setup, measured, method, direction, G, scales, seed, base_seed, n_boot,
+              common) -> dict:
+    """The `baseline` section: the identical test on `random_init_copy(model, base_seed)`, compared."""
+    from .recorder import random_init_copy
+
+    copy, info = random_init_copy(model, base_seed)
+    out = {"kind": info["kind"], "seed": info["seed"], "reset_modules": info["reset_modules"],
+           "redrawn": list(info["redrawn"])}
+    own = direction if isinstance(direction, str) else "probe"
+    try:
+        bset = prepare(copy, config, layer, direction=own, **common)
+        if not (np.array_equal(bset.z_test, setup.z_test) and np.array_equal(bset.train_index, setup.train_index)):
+            raise AssertionError("the random-init baseline drew other tasks")  # prepare is a pure function of seed
+        if bset.width != setup.width:
+            raise UserError(f"the random-init copy's features at {bset.site.canonical} have width {bset.width}, "
+                            f"the model's {setup.width}")
+        bm = measure(bset, method, G, scales, seed, n_boot)
+    except UserError as e:
+        out["error"] = str(e)
+        return out
+    part = _model_part(bset, bm, seed)
+    if not isinstance(direction, str):
+        part["notes"].insert(0, "the model's direction was given: the random-init copy uses its own probe direction")
+    out.update(part)
+    out["comparison"] = compare_models(measured, bm, setup, bset, seed, n_boot)
+    note = scale_note(out["comparison"])
+    if note:
+        out["notes"].append(note)
+    return out

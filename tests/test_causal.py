@@ -1,6 +1,7 @@
 """The causal test of the TD-error direction (docs/causal.md): known answers on theta* of every family
 (float64, 1e-10), LEACE against its closed form, the random control's reproducibility, a model whose
-output ignores the direction, and the CLI's one-line errors."""
+output ignores the direction, the random-init baseline (same tasks and draws; theta* exceeds it), and
+the CLI's one-line errors."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ from torch import nn
 from icrl_interp import causal, cli, construct, reference
 from icrl_interp.errors import UserError
 from icrl_interp.models import theta_star_model
+from icrl_interp.recorder import random_init_copy
 
 TOL = 1e-10
 FAMILIES = ("linear-td", "softmax-td", "sarsa", "actor-critic")
@@ -197,6 +199,9 @@ def test_editing_the_last_layer_of_wang_changes_nothing():
     assert out["difference"]["ci"][0] <= 0.0 <= out["difference"]["ci"][1]
     assert out["cohen_d"]["value"] == 0.0 and out["ratio"]["value"] is None
     assert res["steering"][0]["td"]["change"] == 0.0
+    assert any("layer 2 is the last of 3" in n and "no later layer reads them" in n for n in res["notes"])
+    earlier = causal.causal_test(model, cfg, 1, tasks=16, random_draws=4, bootstrap=50, steer=(), baseline="none")
+    assert not any("last of" in n for n in earlier["notes"])
 
 
 class IgnoresU(nn.Module):
@@ -226,6 +231,8 @@ def test_a_model_whose_output_ignores_the_direction_gives_zero_effect():
     assert out["td"]["mean"] < 1e-12 and out["td"]["ci"][0] <= 0.0 <= out["td"]["ci"][1] + 1e-12
     assert out["random"]["mean"] > 1e-3 and out["difference"]["ci"][1] < 0  # random directions do matter
     assert res["steering"][0]["td"]["change"] < 1e-12 < res["steering"][0]["random"]["change"]
+    assert "uses its own probe direction" in res["baseline"]["notes"][0]  # a given direction is the model's own
+    assert res["baseline"]["direction"]["source"] == "probe"
 
 
 def test_compare_on_known_numbers():
@@ -244,6 +251,68 @@ def test_theta_star_td_direction_beats_random_when_steering():
     res = causal.causal_test(model, cfg, 0, tasks=48, random_draws=8, bootstrap=200, steer=(2.0,))
     point = res["steering"][0]
     assert point["td"]["change"] > point["random"]["band"][1] and point["ratio"] > 1.5
+
+
+# ------------------------------------------------------------------ the random-init baseline
+class SpareOnly(nn.Module):
+    """Fixed buffers do the work; the only parameters (`spare`) are never used, so the random-init copy
+    (which redraws them) behaves exactly like the model."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("embed", torch.randn(9, 6, generator=g, dtype=torch.float64))
+        self.register_buffer("head", torch.randn(6, 1, generator=g, dtype=torch.float64))
+        self.layer0 = nn.Identity()
+        self.spare = nn.Linear(3, 3).double()
+
+    def forward(self, z):
+        h = self.layer0(z @ self.embed)
+        return (h[:, -1] + torch.tanh(h[:, :-1]).mean(1)) @ self.head
+
+
+def test_the_baseline_runs_the_identical_test():
+    """A model whose random-init copy behaves identically: the baseline's statistics equal the model's
+    (same tasks, split, random draws and bootstrap resamples), and the difference is 0 with interval [0, 0]."""
+    cfg = construct.task_config("linear-td", {"layers": 2, "n": 8})
+    model = SpareOnly()
+    res = causal.causal_test(model, cfg, 0, roles={"resid_post": "layer{layer}"}, tasks=32, random_draws=6,
+                             bootstrap=100, steer=(1.0,))
+    base = res["baseline"]
+    assert base["kind"] == "random-init" and base["seed"] == 0 and base["reset_modules"] == 1
+    assert not torch.equal(random_init_copy(model, 0)[0].spare.weight, model.spare.weight)  # it is redrawn
+    for key in ("tasks", "direction", "value_error", "erasure", "steering"):
+        assert json.dumps(base[key]) == json.dumps(res[key]), key
+    cmp = base["comparison"]
+    assert res["erasure"]["output_change"]["random"]["mean"] > 1e-3  # the edits do move the output
+    for v in (cmp["erasure"]["output_change"], cmp["erasure"]["td_output_change"], cmp["steering"][0],
+              cmp["probe_r2_test"]):
+        assert v["difference"] == {"mean": 0.0, "ci": [0.0, 0.0]}
+    assert cmp["erasure"]["output_change"]["trained"] == res["erasure"]["output_change"]["difference"]
+    assert cmp["exceeds_random_init"].startswith("no: intervals overlap")
+    assert cmp["probe_exceeds_random_init"].startswith("no: intervals overlap")
+    none = causal.causal_test(model, cfg, 0, roles={"resid_post": "layer{layer}"}, tasks=32, random_draws=6,
+                              bootstrap=100, steer=(1.0,), baseline="none")
+    assert "baseline" not in none and json.dumps(none) == json.dumps({k: v for k, v in res.items() if k != "baseline"})
+    with pytest.raises(UserError, match="--baseline 'trained'"):
+        causal.causal_test(model, cfg, 0, roles={"resid_post": "layer{layer}"}, baseline="trained")
+
+
+def test_theta_star_exceeds_its_random_init_copy():
+    """theta* linear-td uses delta: erasing it moves the output more than random directions by more
+    than the random-init copy's probe direction does (absolute excess, intervals apart). The random-init
+    copy of this architecture varies with its seed (docs/causal.md); this is seed 0."""
+    model, cfg = star("linear-td", layers=3, n=30)
+    res = causal.causal_test(model, cfg, 0, tasks=256, random_draws=8, bootstrap=200, steer=(2.0,))
+    cmp = res["baseline"]["comparison"]
+    assert cmp["exceeds_random_init"].startswith("yes: intervals do not overlap"), cmp["exceeds_random_init"]
+    assert cmp["erasure"]["output_change"]["difference"]["ci"][0] > 0
+    assert cmp["steering"][0]["exceeds_random_init"].startswith("yes")
+    assert cmp["probe_exceeds_random_init"].startswith("yes")  # R^2 1 against ~0.75
+    assert cmp["probe_r2_test"]["trained"]["mean"] == pytest.approx(res["direction"]["r2_test"], abs=1e-9)
+    assert cmp["probe_r2_test"]["random_init"]["mean"] == pytest.approx(res["baseline"]["direction"]["r2_test"],
+                                                                         abs=1e-9)
+    assert set(cmp["scale"]) == {"trained", "random_init", "target"}
 
 
 # ------------------------------------------------------------------ errors and the CLI
@@ -322,11 +391,23 @@ def test_cli_on_a_checkpoint_and_on_a_user_model(files, capsys):
     assert doc["schema"] == causal.SCHEMA and doc["causal"]["hook"] == "blocks.0.hook_resid_post"
     assert [p["scale"] for p in doc["causal"]["steering"]] == [-1.0, 1.0]
     assert (d / "c.png").stat().st_size > 1000 and "erase: |Δ output|" in out
+    assert doc["causal"]["baseline"]["comparison"]["exceeds_random_init"].split(":")[0] in ("yes", "no")
+    assert "exceeds random init (erasure):" in out and "random-init copy (seed 0)" in out
+    # a second run replaces its own JSON and figure; a file of the user's at those paths is refused
+    code, out, err = _cli(capsys, d / "star", "--layer", "0", "--tasks", "16", "--random-draws", "4",
+                          "--bootstrap", "50", "--baseline", "none", "--json", d / "c.json", "--figure", d / "c.png")
+    assert code == 0, err
+    (d / "mine.png").write_bytes(b"\x89PNG\r\n\x1a\n not ours")
+    code, out, err = _cli(capsys, d / "star", "--layer", "0", "--figure", d / "mine.png")
+    assert code == 2 and "was not written by icrl-interp" in err
+    assert (d / "mine.png").read_bytes() == b"\x89PNG\r\n\x1a\n not ours"
     code, out, err = _cli(capsys, "--model", f"{d}/m.py:build", "--task", "linear-td", "--d", "4", "--n", "8",
                           "--probe", d / "roles.toml", "--layer", "1", "--tasks", "16", "--random-draws", "4",
-                          "--bootstrap", "50", "--steer", "--method", "leace", "--json", d / "u.json")
+                          "--bootstrap", "50", "--steer", "--method", "leace", "--baseline", "none",
+                          "--json", d / "u.json")
     assert code == 0, err
     sec = json.loads((d / "u.json").read_text())["causal"]
+    assert "baseline" not in sec and "random-init copy" not in out
     assert sec["module"] == "layers.1" and sec["direction"]["width"] == 12 and sec["method"] == "leace"
     assert sec["model"]["family"] is None and sec["steering"] == []
 
@@ -341,6 +422,7 @@ def test_cli_on_a_checkpoint_and_on_a_user_model(files, capsys):
     (["{d}/star", "--layer", "0", "--task", "linear-td"], "--task and --weights go with --model"),
     (["{d}/star", "--layer", "0", "--tasks", "3"], "--tasks must be an integer >= 8"),
     (["{d}/star", "--layer", "0", "--random-draws", "1"], "--random-draws must be an integer >= 2"),
+    (["{d}/star", "--layer", "0", "--baseline", "trained"], "invalid choice: 'trained'"),
 ])
 def test_cli_errors_are_one_line(files, capsys, argv, fragment):
     code, out, err = _cli(capsys, *[a.format(d=files) for a in argv])

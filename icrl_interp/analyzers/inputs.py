@@ -4,7 +4,9 @@ recording in chunks of prompts.
 Inputs: a checkpoint directory (config.json + model.safetensors), an HDF5 recording
 (docs/formats.md), or a `.safetensors` file of TransformerLens weights (analyzed with a
 user-supplied layout). A directory that is not a checkpoint is searched for checkpoints and
-recordings (`discover`); `icrl-interp analyze` and `icrl-interp report` both use it.
+recordings (`discover`); `icrl-interp analyze` and `icrl-interp report` both use it. The report also
+takes causal JSON files (`icrl-interp causal --json`, schema `icrl_interp.causal/1`; `discover(...,
+causal=True)`).
 """
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 RECORDING_SUFFIXES = (".h5", ".hdf5")
 STEP_DIR = re.compile(r"^step_(\d+)$")
 """Checkpoints of a training run: <run>/checkpoints/step_<n>/."""
+CAUSAL_SCHEMA = "icrl_interp.causal/1"
+"""Top-level `schema` of a causal JSON (`causal.SCHEMA`, written by `icrl-interp causal --json`)."""
+CAUSAL_MAX_BYTES = 64 << 20
+"""A .json file above this size found while scanning a directory is not read (a causal JSON is a few kB)."""
 SKIP_DIRS = ("cache",)
 """Directory names never searched (the report's analysis cache); hidden directories are skipped too."""
 
@@ -60,6 +66,20 @@ def input_kind(path) -> str:
     raise UserError(f"{path}: neither a checkpoint directory, an HDF5 recording nor a .safetensors file")
 
 
+def is_causal_json(path) -> bool:
+    """A `.json` file holding a JSON object whose top-level `schema` is exactly `CAUSAL_SCHEMA`
+    (files over CAUSAL_MAX_BYTES and unreadable ones are not)."""
+    path = Path(path)
+    try:
+        if path.suffix.lower() != ".json" or not path.is_file() or path.stat().st_size > CAUSAL_MAX_BYTES:
+            return False
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+        return False
+    return isinstance(data, dict) and data.get("schema") == CAUSAL_SCHEMA
+
+
 @dataclass(frozen=True)
 class Found:
     """One input found by `discover`."""
@@ -68,12 +88,14 @@ class Found:
     """The path, as given or joined below a given directory (never made absolute here)."""
     kind: str
     """'checkpoint' (a directory), 'file' (a file named on the command line: recording, TL weights or
-    junk, `input_kind` tells), 'recording' (an .h5 / .hdf5 file found in a directory) or 'missing'."""
+    junk, `input_kind` tells), 'recording' (an .h5 / .hdf5 file found in a directory), 'causal' (with
+    `discover(..., causal=True)`: a causal JSON found in a directory, or any `.json` file named on the
+    command line: the report says why when it is not one) or 'missing'."""
     problem: str = ""
     """Why a 'missing' input cannot be analyzed ('does not exist', 'holds no checkpoints or recordings')."""
 
 
-def _scan(root: Path) -> list[Found]:
+def _scan(root: Path, causal: bool = False) -> list[Found]:
     found: list[Found] = []
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
@@ -83,19 +105,26 @@ def _scan(root: Path) -> list[Found]:
             dirnames[:] = []
             continue
         dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")]
-        found.extend(Found(here / f, "recording") for f in sorted(filenames) if f.endswith(RECORDING_SUFFIXES))
+        for f in sorted(filenames):
+            if f.endswith(RECORDING_SUFFIXES):
+                found.append(Found(here / f, "recording"))
+            elif causal and is_causal_json(here / f):  # any other .json found here is not an input
+                found.append(Found(here / f, "causal"))
     return found
 
 
-def discover(paths, unique: bool = True) -> list[Found]:
+def discover(paths, unique: bool = True, causal: bool = False) -> list[Found]:
     """The inputs named by `paths`, in order.
 
-    A file is taken as named. A checkpoint directory (or a directory with a config.json and no
-    `checkpoints/` folder: a broken checkpoint, to be reported as such) is one input. Any other
-    directory expands to the checkpoints and recordings below it, in sorted walk order: checkpoint
-    directories (and `checkpoints/step_*` ones, complete or not) are not entered, `cache` and hidden
-    directories are skipped. A path that does not exist, or a directory holding nothing, is a
-    'missing' input with its problem. `unique` drops repeats of a path already found.
+    A file is taken as named (with `causal`, a `.json` file is kind 'causal'). A checkpoint directory
+    (or a directory with a config.json and no `checkpoints/` folder: a broken checkpoint, to be
+    reported as such) is one input. Any other directory expands to the checkpoints and recordings
+    below it, in sorted walk order: checkpoint directories (and `checkpoints/step_*` ones, complete
+    or not) are not entered, `cache` and hidden directories are skipped. With `causal` (the report)
+    it also holds the causal JSON files below the directory: only `.json` files whose top-level
+    `schema` is `CAUSAL_SCHEMA`, other JSON is ignored. A path that does not exist, or a directory
+    holding nothing, is a 'missing' input with its problem. `unique` drops repeats of a path already
+    found.
     """
     out: list[Found] = []
     seen: set[Path] = set()
@@ -104,11 +133,11 @@ def discover(paths, unique: bool = True) -> list[Found]:
         if not p.exists():
             items = [Found(p, "missing", "does not exist")]
         elif p.is_file():
-            items = [Found(p, "file")]
+            items = [Found(p, "causal" if causal and p.suffix.lower() == ".json" else "file")]
         elif is_checkpoint(p) or ((p / "config.json").is_file() and not (p / "checkpoints").is_dir()):
             items = [Found(p, "checkpoint")]
         else:
-            items = _scan(p) or [Found(p, "missing", "holds no checkpoints or recordings")]
+            items = _scan(p, causal) or [Found(p, "missing", "holds no checkpoints or recordings")]
         for item in items:
             if unique and item.path in seen:
                 continue

@@ -12,7 +12,7 @@ from . import task_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..causal import DEFAULT_STEER, DIRECTIONS, METHODS, SITES
+    from ..causal import BASELINES, DEFAULT_STEER, DIRECTIONS, METHODS, SITES
 
     p.add_argument("checkpoint", nargs="?", help="checkpoint directory (model.safetensors + config.json); "
                    "or use --model with --task")
@@ -35,11 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the held-out tasks "
                    "(default: 1000)")
     p.add_argument("--batch-size", type=int, default=256, help="prompts per forward pass (default: 256)")
+    p.add_argument("--baseline", choices=BASELINES, default="random-init", help="also run the identical test "
+                   "(same tasks, split, random directions, its own probe) on the same architecture at random "
+                   "initialization and compare (random-init), or not (none) (default: random-init)")
+    p.add_argument("--baseline-seed", type=int, help="seed of the random-init copy's parameters (default: --seed)")
     p.add_argument("--probe", help="probe spec TOML whose [roles] map resid_post (resid_pre, attn_out) to your "
                    "model's modules (not needed for TransformerLens models)")
     p.add_argument("--json", metavar="OUT.json", help="write the result here (icrl_interp.causal/1)")
-    p.add_argument("--figure", metavar="OUT.png", help="draw the output change against the random directions and "
-                   "the steering curve")
+    p.add_argument("--figure", metavar="OUT.png", help="draw the output change against the random directions, "
+                   "the steering curve and (with the baseline) the trained model against its random-init copy")
     task_options.add(p)
 
 
@@ -59,50 +63,64 @@ def table(section: dict) -> str:
              f"shuffled {r2(d.get('r2_shuffled'))})",
              f"held-out tasks {section['tasks']['test']} (train {section['tasks']['train']}), "
              f"{section['random_draws']} random directions, value error vs the {section['value_error']['target']}",
-             f"{'':24}{'TD direction':28}{'random directions':28}{'ratio':22}Cohen d"]
+             f"{'':24}{'TD direction':32}{'random directions':32}{'ratio':22}Cohen d"]
     for label, key in (("erase: |Δ output|", "output_change"), ("erase: Δ value error", "value_error_change")):
         e = section["erasure"][key]
-        lines.append(f"{label:24}{_fmt(e['td']):28}{_fmt(e['random']):28}"
+        lines.append(f"{label:24}{_fmt(e['td']):32}{_fmt(e['random']):32}"
                      f"{_fmt(e.get('ratio'), 'value') if 'ratio' in e else '—':22}{_fmt(e['cohen_d'], 'value')}")
     for point in section["steering"]:
         lines.append(f"{'steer s=' + format(point['scale'], 'g') + ': |Δ output|':24}"
-                     f"{_fmt({'mean': point['td']['change'], 'ci': point['td']['ci']}):28}"
-                     f"{point['random']['change']:<28.4g}{'—' if point['ratio'] is None else format(point['ratio'], '.3g'):22}"
+                     f"{_fmt({'mean': point['td']['change'], 'ci': point['td']['ci']}):32}"
+                     f"{point['random']['change']:<32.4g}"
+                     f"{'—' if point['ratio'] is None else format(point['ratio'], '.3g'):22}"
                      f"{'—' if point['cohen_d'] is None else format(point['cohen_d'], '.3g')}")
     lines += [f"note: {n}" for n in section.get("notes", [])]
+    base = section.get("baseline")
+    if base is not None:
+        lines.append(_baseline_table(base))
+    return "\n".join(lines)
+
+
+def _baseline_table(base: dict) -> str:
+    head = f"random-init copy (seed {base['seed']})"
+    if "error" in base:
+        return f"{head}: not run: {base['error']}"
+    d, e = base["direction"], base["erasure"]["output_change"]
+    r2 = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
+    c = base["comparison"]
+    lines = [f"{head}: probe R² test {r2(d.get('r2_test'))}, value error {base['value_error']['base']:.4g}; "
+             f"erase |Δ output|: TD {_fmt(e['td'])}, random {_fmt(e['random'])}, "
+             f"ratio {_fmt(e.get('ratio'), 'value')}",
+             f"{'trained vs random init':24}{'trained':32}{'random init':32}trained − random init"]
+    rows = [("erase: TD − random", c["erasure"]["output_change"]),
+            ("erase: TD |Δ output|", c["erasure"]["td_output_change"]),
+            ("erase: TD − random Δve", c["erasure"]["value_error_change"])]
+    rows += [(f"steer s={p['scale']:g}: TD − random", p) for p in c["steering"]]
+    rows.append(("probe R² (held out)", c["probe_r2_test"]))
+    for label, v in rows:
+        lines.append(f"{label:24}{_fmt(v['trained']):32}{_fmt(v['random_init']):32}{_fmt(v['difference'])}")
+    lines.append(f"exceeds random init (erasure): {c['exceeds_random_init']}")
+    lines.append(f"probe exceeds random init: {c['probe_exceeds_random_init']}")
+    lines += [f"note (random init): {n}" for n in base.get("notes", [])]
     return "\n".join(lines)
 
 
 def run(args) -> int:
-    from .. import checkpoint
     from ..causal import SCHEMA, causal_test
-    from ..errors import UserError
     from ..files import write_json
+    from ..outputs import output_file
 
-    options = task_options.values(args)
-    if args.model is None:
-        if args.checkpoint is None:
-            raise UserError("give a checkpoint directory, or --model FILE.py:FUNC with --task FAMILY")
-        if args.task is not None or args.weights is not None:
-            raise UserError("--task and --weights go with --model; a checkpoint brings its own task and weights")
-        config, _ = checkpoint.read(args.checkpoint)
-        model = checkpoint.load(args.checkpoint)
-        source = str(args.checkpoint)
-    else:
-        from ..construct import task_config
-        from ..models import user
-
-        if args.checkpoint is not None:
-            raise UserError(f"give either a checkpoint ({args.checkpoint}) or --model, not both")
-        if args.task is None:
-            raise UserError("--model needs --task FAMILY: the task whose prompts the model reads")
-        config = task_config(args.task, options)
-        model = user.load(args.model, args.weights)
-        source = args.model
+    inputs = task_options.input_files(args)
+    if args.json:
+        output_file(args.json, "--json", inputs=inputs, suffixes=(".json",))
+    if args.figure:
+        output_file(args.figure, "--figure", inputs=inputs, suffixes=(".png", ".svg"))
+    model, config, source = task_options.model_and_task(args)
     section = causal_test(model, config, args.layer, method=args.method, hook=args.hook, probe=args.probe,
                           direction=args.direction, tasks=args.tasks, test_fraction=args.test_fraction,
                           seed=args.seed, random_draws=args.random_draws, steer=args.steer,
-                          bootstrap=args.bootstrap, batch_size=args.batch_size)
+                          bootstrap=args.bootstrap, batch_size=args.batch_size, baseline=args.baseline,
+                          baseline_seed=args.baseline_seed)
     print(table(section))
     if args.json:
         write_json(args.json, {"schema": SCHEMA, "source": source, "causal": section})

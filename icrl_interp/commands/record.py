@@ -31,18 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from .. import checkpoint, probe_spec, recorder
-    from ..errors import UserError
     from ..outputs import output_file
 
-    options = task_options.values(args)
     output_file(args.out, "--out", inputs=task_options.input_files(args), suffixes=(".h5", ".hdf5"))
+    model, config, _ = task_options.model_and_task(args)
     if args.model is None:
-        if args.checkpoint is None:
-            raise UserError("give a checkpoint directory, or --model FILE.py:FUNC with --task FAMILY")
-        if args.task is not None or args.weights is not None:
-            raise UserError("--task and --weights go with --model; a checkpoint brings its own task and weights")
-        config, _ = checkpoint.read(args.checkpoint)
-        model = checkpoint.load(args.checkpoint)
         spec = probe_spec.load_spec(args.probe) if args.probe else probe_spec.shipped_spec(config.family)
         if args.prompts:
             source = recorder.load_prompt_file(args.prompts, config, model.layout)
@@ -52,16 +45,8 @@ def run(args) -> int:
                                   checkpoint_sha256=checkpoint.sha256(args.checkpoint), progress=not args.quiet,
                                   baseline=args.baseline)
     else:
-        from ..models import user
-
-        if args.checkpoint is not None:
-            raise UserError(f"give either a checkpoint ({args.checkpoint}) or --model, not both")
-        if args.task is None:
-            raise UserError("--model needs --task FAMILY: the task whose prompts the model reads")
-        model = user.load(args.model, args.weights)
-        summary = recorder.record_model(model, args.task, args.out, task_options=options, probe=args.probe,
-                                        tasks=args.tasks, batch_size=args.batch_size, seed=args.seed,
-                                        baseline=args.baseline, prompts=args.prompts, resume=args.resume,
-                                        progress=not args.quiet)
+        summary = recorder.record_model(model, config, args.out, probe=args.probe, tasks=args.tasks,
+                                        batch_size=args.batch_size, seed=args.seed, baseline=args.baseline,
+                                        prompts=args.prompts, resume=args.resume, progress=not args.quiet)
     print(summary.table())
     return 0

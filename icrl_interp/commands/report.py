@@ -13,7 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..report import ReportConfig
 
     p.add_argument("inputs", nargs="+", metavar="INPUT",
-                   help="checkpoint directories, recordings (.h5), training run directories, or folders holding them")
+                   help="checkpoint directories, recordings (.h5), causal JSON files (icrl-interp causal --json), "
+                   "training run directories, or folders holding them")
     p.add_argument("--out", default="icrl-report", help="report directory (default ./icrl-report)")
     p.add_argument("--analyzer", default=None, help=argparse.SUPPRESS)  # 'module:function', for tests
     p.set_defaults(_fields=add_fields(p, ReportConfig, skip=("analyzer",), aliases={"use_cache": ("--cache",)}))
@@ -36,7 +37,7 @@ def run(args) -> int:
     if config.max_recordings < 0:
         raise UserError(f"--max-recordings must be non-negative, got {config.max_recordings}")
     config.control()  # bad --control-* values fail before any work
-    for found in discover(args.inputs):
+    for found in discover(args.inputs, causal=True):
         if found.kind == "missing":
             raise UserError(f"input {found.path} {found.problem}; check the path (nothing was written)")
     out = claim_out_dir(args.out, args.inputs)

@@ -56,3 +56,26 @@ def input_files(args) -> list[str]:
         model_file = target if target.endswith(".py") else None
     names = ("checkpoint", "probe", "prompts", "weights")
     return [v for v in [*(getattr(args, n, None) for n in names), model_file] if v]
+
+
+def model_and_task(args):
+    """(model, task config, source) from `CHECKPOINT` or `--model ... --task FAMILY [task options]`."""
+    from .. import checkpoint
+    from ..construct import task_config
+    from ..errors import UserError
+
+    options = values(args)
+    if args.model is None:
+        if args.checkpoint is None:
+            raise UserError("give a checkpoint directory, or --model FILE.py:FUNC with --task FAMILY")
+        if args.task is not None or args.weights is not None:
+            raise UserError("--task and --weights go with --model; a checkpoint brings its own task and weights")
+        return checkpoint.load(args.checkpoint), checkpoint.read(args.checkpoint)[0], str(args.checkpoint)
+    from ..models import user
+
+    if args.checkpoint is not None:
+        raise UserError(f"give either a checkpoint ({args.checkpoint}) or --model, not both")
+    if args.task is None:
+        raise UserError("--model needs --task FAMILY: the task whose prompts the model reads")
+    config = task_config(args.task, options)  # checks the task options before the user's code runs
+    return user.load(args.model, args.weights), config, args.model

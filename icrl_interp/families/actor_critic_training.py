@@ -8,7 +8,7 @@ Evaluation: held-out teacher-mimicking loss, the best c of (P12, V21bar) against
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -44,12 +44,18 @@ class ActorCriticTrainConfig(SarsaTrainConfig):
     lam_std_max: float | None = None
     """If set, each prompt's std of lam is drawn log-uniformly from [lam_std, lam_std_max]: the closed loop's lam
     grows well past lam_std (|lam| ~ 14-16 after 1000 updates at alpha 32, d 36), and training must cover it."""
-    loss_weights: str = field(default="equal", metadata={"choices": ("equal", "steps")})
-    """How the critic's and the actor's squared errors add up in the loss: 'equal', or 'steps' = each divided
-    by its step size squared (beta^2, alpha^2), so a small critic step does not make the critic (which sees all
-    n transitions, where the actor's discounted score sees ~1/(1 - gamma^2)) vanish from the loss."""
+    critic_weight: float = 1.0
+    """Weight of the critic's squared error in the loss (the actor's has weight 1; the paper weights the two).
+    The critic's update is beta/alpha times the actor's, so with weight 1 a small critic step leaves the critic
+    all but out of the loss; (alpha/beta)^2 weighs both errors relative to their own step."""
 
-    LATE_FIELDS: ClassVar[tuple[str, ...]] = SarsaTrainConfig.LATE_FIELDS + ("lam_std_max", "loss_weights")
+    critic_lr_factor: float = 1.0
+    """Factor on the Adam steps of V's critic rows (the rows that write w'). Adam moves every entry by about lr
+    per step whatever its scale, and theta*'s critic rows are beta/alpha times its actor rows: beta/alpha gives
+    both the same relative step (a per-block learning rate; 1.0: plain Adam)."""
+
+    LATE_FIELDS: ClassVar[tuple[str, ...]] = SarsaTrainConfig.LATE_FIELDS + ("lam_std_max", "critic_weight",
+                                                                            "critic_lr_factor")
 
     def validate(self) -> "ActorCriticTrainConfig":
         super().validate()
@@ -57,9 +63,8 @@ class ActorCriticTrainConfig(SarsaTrainConfig):
         check(self.lam_std >= 0, f"lam_std must be non-negative, got {self.lam_std}")
         check(self.lam_std_max is None or self.lam_std_max >= self.lam_std > 0,
               f"lam_std_max must be at least lam_std > 0, got {self.lam_std_max} (lam_std {self.lam_std})")
-        check(self.loss_weights in ("equal", "steps"), f"loss_weights must be 'equal' or 'steps', got {self.loss_weights!r}")
-        check(self.loss_weights == "equal" or (self.alpha != 0 and self.beta != 0),
-              "loss_weights 'steps' needs non-zero alpha and beta")
+        check(self.critic_weight > 0, f"critic_weight must be positive, got {self.critic_weight}")
+        check(self.critic_lr_factor > 0, f"critic_lr_factor must be positive, got {self.critic_lr_factor}")
         return self
 
 
@@ -88,15 +93,15 @@ def sample_actor_critic(cfg: ActorCriticTrainConfig, rng: np.random.Generator, s
                                                    cfg.alpha, cfg.beta)
     dtype = torch_dtype(cfg.dtype)
     weight = None
-    if cfg.loss_weights == "steps":
-        weight = tensor(np.concatenate([np.full(d, cfg.beta ** -2.0), np.full(d, cfg.alpha ** -2.0)]), dtype)
+    if cfg.critic_weight != 1.0:
+        weight = tensor(np.concatenate([np.full(d, cfg.critic_weight), np.ones(d)]), dtype)
     return SarsaBatch(z=tensor(z, dtype), w=tensor(np.concatenate([w, lam], -1), dtype),
                       target=tensor(np.concatenate([w_new, lam_new], -1), dtype), weight=weight)
 
 
 def mimicking_loss(model, batch: SarsaBatch) -> Tensor:
     """Mean over prompts of ||[w'; lam']_TF - [w'; lam']_teacher||^2 (each coordinate times the batch's weight,
-    if it has one: loss_weights 'steps')."""
+    if it has one: critic_weight)."""
     err = (readout(model(batch.z), model.layout) - batch.target).pow(2)
     if batch.weight is not None:
         err = err * batch.weight
@@ -104,7 +109,7 @@ def mimicking_loss(model, batch: SarsaBatch) -> Tensor:
 
 
 def evaluate(model, cfg: ActorCriticTrainConfig, rng: np.random.Generator) -> dict:
-    """Held-out loss (unweighted, whatever `loss_weights`; and per output block, relative to the teacher's
+    """Held-out loss (unweighted, whatever `critic_weight`; and per output block, relative to the teacher's
     update), manifold fit of (P12, V21bar), one scale per output block, lazy blocks."""
     d = cfg.feature_dim
     batch = sample_actor_critic(cfg, rng, cfg.eval_tasks)
@@ -143,6 +148,34 @@ def trend_series(rows: list[dict]) -> dict[str, list[float]]:
             "lazy |P22|+|V22|": [r["lazy_P22"] + r["lazy_V22"] for r in rows]}
 
 
+def adjust_init(model: torch.nn.Module, cfg: ActorCriticTrainConfig, generator: torch.Generator) -> dict[str, Tensor]:
+    """SARSA's init (the lazy-block ablation), and with critic_lr_factor k != 1 the critic rows of V scaled by k:
+    together with the k-scaled steps, Adam on V's critic rows then equals Adam on V' = V / k from the usual init."""
+    masks = sarsa_training.adjust_init(model, cfg, generator)
+    if cfg.critic_lr_factor != 1.0:
+        rows = model.layout.slice("w")
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.rsplit(".", 1)[-1] == "V":
+                    p[rows, :] *= cfg.critic_lr_factor
+    return masks
+
+
+def update_constraint(model, cfg: ActorCriticTrainConfig):
+    """With critic_lr_factor != 1: scale the last Adam step of V's critic rows (a per-block learning rate)."""
+    if cfg.critic_lr_factor == 1.0:
+        return None
+    rows, factor = model.layout.slice("w"), cfg.critic_lr_factor
+
+    def fix(named, before):
+        with torch.no_grad():
+            for name, p in named.items():
+                if name.rsplit(".", 1)[-1] == "V":
+                    p[rows, :] = before[name][rows, :] + factor * (p[rows, :] - before[name][rows, :])
+
+    return fix
+
+
 TRAINING = Recipe(
     config_class=ActorCriticTrainConfig,
     model_config=model_config,
@@ -151,6 +184,7 @@ TRAINING = Recipe(
     objectives={"mimic": mimicking_loss},
     evaluate=evaluate,
     trends=Trends(series=trend_series, log_scale=True),
-    adjust_init=sarsa_training.adjust_init,
+    adjust_init=adjust_init,
     log_extras=sarsa_training.log_extras,
+    update_constraint=update_constraint,
 )

@@ -1,10 +1,13 @@
-"""Batch reports: analyze many checkpoints / recordings / training runs and write a report directory.
+"""Batch reports: analyze many checkpoints / recordings / training runs, gather causal test results
+(causal JSON files of `icrl-interp causal --json`), and write a report directory.
 
 `build_report(inputs, out_dir)` writes `<out>/summary.json`, `<out>/summary.csv`, the TD probes'
 `<out>/td_probes.csv` and `<out>/td_probe_tasks.csv`,
 `<out>/figures/*.png` and `<out>/index.html`, caching analyses in `<out>/cache/`.
 Checkpoints of the sarsa / actor-critic families also get a small in-context control
-evaluation (closed loop on held-out MDPs, `control_eval`), stored in their analysis.
+evaluation (closed loop on held-out MDPs, `control_eval`), stored in their analysis. Each causal
+JSON is a row of kind 'causal' with its figure (`report.causal.write_figure`) in a "Causal tests"
+section of the page.
 This package does not import transformer_lens (nor torch).
 """
 from __future__ import annotations

@@ -2,10 +2,12 @@
 write `summary.json` / `summary.csv` (one flat row per input).
 
 Inputs are checkpoints (a directory with `config.json` + `model.safetensors`), recordings (an
-HDF5 file) or any directory holding them (training run directories: `checkpoints/step_*/`).
+HDF5 file), causal JSON files (`icrl-interp causal --json`, schema `icrl_interp.causal/1`) or any
+directory holding them (training run directories: `checkpoints/step_*/`).
 Each input is hashed by its bytes (a checkpoint: the names and bytes of its files); an analysis
 is cached as `<out>/cache/<sha256>.json` and reused while the hash, the analyzer and the package
-version are unchanged. `summary.json` holds nothing that varies between runs on the same inputs
+version are unchanged. A causal JSON is not analyzed: it is read and checked (`read_causal`), and
+cached the same way under the reader's name (`CAUSAL_READER`). `summary.json` holds nothing that varies between runs on the same inputs
 (no times, no cache hits), so a re-run reproduces it byte for byte.
 Sarsa / actor-critic checkpoints also get a closed-loop control evaluation in their analysis job
 (`control_eval`, seeded); its settings are part of their cache entry.
@@ -42,9 +44,14 @@ FIGURES_MANIFEST = "figures/manifest.json"
 DEFAULT_ANALYZER = "icrl_interp.analyzers.analyze:analyze"
 META_COLUMNS = ("input", "kind", "status", "error", "reasons", "sha256", "family", "source", "run_id", "step", "seed",
                 "gamma", "context_length")
+CAUSAL_READER = "icrl_interp.report.batch:read_causal"
+"""What a causal JSON's cache entry records as its analyzer."""
 PROBE_DETAIL = re.compile(r"\.td_probe\..+\.(targets|per_task)(\.|$)")
 """Flattened keys of the TD probes' per-target and per-task tables: written to td_probes.csv and
 td_probe_tasks.csv (report/td_probes.py), not to the summary rows."""
+CAUSAL_DETAIL = re.compile(r"\.draws$")
+"""Flattened keys of a causal section's per-draw lists (`….random.draws`): in the causal JSON, the cache
+and the figure, not in the summary rows."""
 ANALYZED = ("ok", "partial")
 """Statuses of inputs that have results (figures, tables); 'nothing analyzed' and 'failed' have none."""
 
@@ -55,9 +62,10 @@ class ReportInput:
     """One thing to analyze, with what can be learned about it without analyzing it."""
 
     path: Path
-    """Absolute path of the checkpoint directory or recording file."""
+    """Absolute path of the checkpoint directory, recording or causal JSON file."""
     kind: str
-    """'checkpoint', 'recording' or 'missing' (a path that does not exist / holds nothing analyzable)."""
+    """'checkpoint', 'recording', 'causal' (a causal JSON file, or a `.json` file given on the command line)
+    or 'missing' (a path that does not exist / holds nothing analyzable)."""
     meta: dict = field(default_factory=dict)
     """family, run_id, step, seed, gamma, context_length when known (else absent)."""
     problem: str = ""
@@ -83,6 +91,9 @@ class Result:
     """Whether the analysis came from the cache (kept out of summary.json on purpose)."""
     reasons: str = ""
     """One line: what a 'partial' analysis lacks, or why 'nothing analyzed' ('' otherwise)."""
+    causal: dict | None = None
+    """A causal input's document {"schema", "source", "causal": section} (`read_causal`); None otherwise
+    (a causal input has no `analysis`)."""
 
     @property
     def analyzed(self) -> bool:
@@ -101,8 +112,23 @@ class Result:
         self.analysis = analysis
         self.status, self.reasons = status_of(analysis)
 
+    def set_causal(self, doc: dict) -> None:
+        """Take a causal JSON document (`read_causal`) and its status (`causal_status`)."""
+        self.causal = doc
+        self.status, self.reasons = causal_status(doc)
+
+    @property
+    def causal_section(self) -> dict:
+        """The `causal` section of a causal input ({} for other inputs)."""
+        section = (self.causal or {}).get("causal")
+        return section if isinstance(section, dict) else {}
+
     @property
     def family(self) -> str:
+        if self.causal is not None:  # the tested model's family; a model of your own is 'generic'
+            model = self.causal_section.get("model")
+            fam = model.get("family") if isinstance(model, dict) else None
+            return str(fam) if fam else "generic"
         fam = (self.analysis or {}).get("family") or self.input.meta.get("family")
         return str(fam) if fam else "unknown"
 
@@ -214,11 +240,14 @@ def _recording_input(path: Path) -> ReportInput:
 
 
 def collect_inputs(paths: list[str | os.PathLike]) -> list[ReportInput]:
-    """Expand the command-line paths into inputs, in order, without duplicates (`analyzers.inputs.discover`)."""
+    """Expand the command-line paths into inputs, in order, without duplicates (`analyzers.inputs.discover`,
+    with causal JSON files)."""
     out: list[ReportInput] = []
-    for f in inputs.discover([os.path.abspath(p) for p in paths]):
+    for f in inputs.discover([os.path.abspath(p) for p in paths], causal=True):
         if f.kind == "missing":
             out.append(ReportInput(f.path, "missing", problem=f.problem))
+        elif f.kind == "causal":
+            out.append(ReportInput(f.path, "causal"))
         elif f.kind == "checkpoint":
             out.append(_checkpoint_input(f.path))
         else:  # a recording, or a file the analyzer will name the problem of
@@ -299,6 +328,60 @@ def normalise_analysis(analysis) -> dict:
     return plain
 
 
+# ------------------------------------------------------------------ causal JSON
+def read_causal(path) -> dict:
+    """A causal JSON file (`icrl-interp causal --json`) as {"schema", "source", "causal": section},
+    JSON-normalised (NaN / Inf -> null); a one-line UserError when it is not one (the message does not
+    repeat the path: the row names it)."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except OSError as e:
+        raise UserError(f"cannot read: {e.strerror or e}") from None
+    except ValueError as e:  # not UTF-8, not JSON
+        raise UserError(f"not a causal JSON file: not valid JSON ({one_line(e)})") from None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != inputs.CAUSAL_SCHEMA:
+        what = f"its schema is {schema!r}" if isinstance(data, dict) else f"it holds a JSON {type(data).__name__}"
+        raise UserError(f"not a causal JSON file: {what}, expected an object with schema {inputs.CAUSAL_SCHEMA!r} "
+                        "(written by `icrl-interp causal --json`)")
+    if not isinstance(data.get("causal"), dict):
+        raise UserError("a causal JSON file without its `causal` section")
+    return json.loads(dumps({"schema": schema, "source": data.get("source"), "causal": data["causal"]}))
+
+
+def causal_status(doc: dict) -> tuple[str, str]:
+    """('ok' | 'partial' | 'nothing analyzed', one-line reasons) of a causal document: 'ok' when the section
+    holds a result (the TD direction's erasure effect), 'partial' when its random-init baseline could not
+    run (the reason), 'nothing analyzed' when there is no result."""
+    section = doc.get("causal") if isinstance(doc, dict) else None
+    td = section
+    for key in ("erasure", "output_change", "td", "mean"):
+        td = td.get(key) if isinstance(td, dict) else None
+    if not isinstance(td, (int, float)) or isinstance(td, bool):
+        return "nothing analyzed", "the causal section holds no result (erasure.output_change.td.mean is missing or not finite)"
+    base = section.get("baseline")
+    if isinstance(base, dict) and base.get("error"):
+        why = (str(base["error"]).strip().splitlines() or [""])[0]
+        return "partial", f"random-init baseline: not run: {why}"
+    return "ok", ""
+
+
+def _causal_job(item: ReportInput, r: Result, cache_dir: Path, use_cache: bool) -> None:
+    """Read a causal input into `r` (from the cache when its hash is there); a bad file fails the row."""
+    cached = load_cached(cache_dir, r.sha256, CAUSAL_READER) if use_cache else None
+    if cached is not None:
+        r.cached = True
+        r.set_causal(cached)
+        return
+    try:
+        doc = read_causal(item.path)
+    except Exception as e:  # noqa: BLE001 - a bad file is a failed row, the batch goes on
+        r.status, r.error = "failed", one_line(e)
+        return
+    r.set_causal(doc)
+    store_cached(cache_dir, r.sha256, CAUSAL_READER, doc)
+
+
 # ------------------------------------------------------------------ analysis
 def resolve_analyzer(ref: str) -> Callable[[str], dict]:
     """'package.module:function' -> the function."""
@@ -366,6 +449,10 @@ def run_batch(
                 sha = content_hash(item)
             except OSError as e:
                 results.append(Result(item, "failed", error=f"cannot read: {e.strerror or e}"))
+                continue
+            if item.kind == "causal":  # read, not analyzed: no worker needed
+                results.append(Result(item, "pending", sha256=sha))
+                _causal_job(item, results[-1], cache_dir, use_cache)
                 continue
             ctl = control_for(item)
             ctl_key = ctl.key() if ctl else None
@@ -448,6 +535,16 @@ def summary_row(r: Result) -> dict:
         "gamma": meta.get("gamma"),
         "context_length": meta.get("context_length"),
     }
+    if r.causal is not None:
+        section = r.causal_section
+        task = section.get("task") if isinstance(section.get("task"), dict) else {}
+        if isinstance(task.get("n"), int) and not isinstance(task.get("n"), bool):
+            row["context_length"] = task["n"]
+        row["task_family"] = task.get("family")
+        row["causal.source"] = r.causal.get("source")
+        for key, value in flatten(section, "causal").items():
+            if key not in row and not CAUSAL_DETAIL.search(key):  # per-draw lists stay in the JSON
+                row[key] = value
     if r.analysis:
         for key in ("gamma", "context_length"):  # the analyzer read them from the data itself
             if r.analysis.get(key) is not None:

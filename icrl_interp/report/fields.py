@@ -47,8 +47,11 @@ def is_theta_star(r: Result) -> bool:
 
 
 def label_of(r: Result) -> str:
-    """Short human name: θ*, 'run @ step N', or the file / directory name; '[rec]' marks recordings."""
+    """Short human name: θ*, 'run @ step N', or the file / directory name; '[rec]' marks recordings,
+    '[causal]' causal JSON files."""
     meta = r.input.meta
+    if r.input.kind == "causal":
+        return f"{r.input.path.stem} [causal]"
     name = r.input.path.stem if r.input.kind == "recording" else r.input.path.name
     tag = " [rec]" if r.input.kind == "recording" else ""
     if is_theta_star(r):
@@ -154,3 +157,13 @@ def control_returns(r: Result) -> tuple[float | None, float | None]:
     """(transformer, teacher) mean exact return at the final closed-loop update, None where absent."""
     c = control_of(r)
     return (num(get(c, "returns", "transformer", "mean")), num(get(c, "returns", "teacher", "mean")))
+
+
+def causal_stat(stat) -> tuple[float | None, list | None]:
+    """(mean, [low, high] or None) of a causal statistic ({"mean", "ci"} or {"value", "ci"})."""
+    if not isinstance(stat, dict):
+        return None, None
+    value = num(stat.get("mean")) if "mean" in stat else num(stat.get("value"))
+    ci = stat.get("ci")
+    ok = isinstance(ci, list) and len(ci) == 2 and all(num(c) is not None for c in ci)
+    return value, ([num(ci[0]), num(ci[1])] if ok else None)

@@ -51,6 +51,8 @@ class FigureInfo:
     """Paths relative to the report directory (PNG first, then SVG if asked)."""
     error: str = ""
     """Why the figure could not be drawn ('' when it was)."""
+    section: str = "family"
+    """Where the page shows it: 'family' (the section of `family`) or 'causal' (the causal tests)."""
 
 
 # ------------------------------------------------------------------ small helpers
@@ -643,7 +645,7 @@ def make_figures(results: list[Result], report_dir: Path, svg: bool = False, max
                 old.unlink()
     by_family: dict[str, list[Result]] = defaultdict(list)
     for r in results:
-        if r.analyzed:
+        if r.analyzed and r.causal is None:  # causal inputs have their own figure (below)
             by_family[r.family].append(r)
     infos: list[FigureInfo] = []
 
@@ -675,4 +677,45 @@ def make_figures(results: list[Result], report_dir: Path, svg: bool = False, max
         if len(recs) > max_recordings:
             infos.append(FigureInfo(family, f"{_slug(family)}-attention-more", "More recordings",
                                     f"{len(recs) - max_recordings} further recordings not drawn (raise --max-recordings)."))
+    for i, r in enumerate(r for r in results if r.causal is not None and r.analyzed):
+        info = FigureInfo(r.family, causal_key(i, r), f"Causal test: {label_of(r)}", CAUSAL_CAPTION, section="causal")
+        try:
+            info.files = causal_figure(r, fig_dir, info.key, svg)
+        except Exception as e:  # noqa: BLE001 - as above
+            info.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if log:
+                log(f"figure {info.key}: {info.error}")
+        infos.append(info)
     return infos
+
+
+# ------------------------------------------------------------------ causal tests
+CAUSAL_CAPTION = (
+    "From the causal JSON (icrl-interp causal): at the layer and hook named above, the TD-error direction is "
+    "erased from the context columns (or steered along), and the model's output change is measured on held-out "
+    "tasks against the same edit along random directions. Erasure panel: the TD direction's mean ‖Δ output‖ (red, "
+    "95% interval shaded) against the histogram of the random draws' means; steering panel: ‖Δ output‖ against "
+    "the scale, random band 5–95% of the draws; with a random-init baseline, the same architecture at random "
+    "initialization (blue) and the excess (TD − random) of both models with their paired difference. Good (a "
+    "model that uses the direction): the red line right of the histogram (ratio above 1 with its interval), the "
+    "steering curve above the band, and the trained model's excess above the random-init copy's.")
+
+
+def causal_key(i: int, r: Result) -> str:
+    """File stem of the i-th causal input's figure: `causal-NNN-<family>-l<layer>-<method>-<hash>`."""
+    s = r.causal_section
+    layer = s.get("layer") if isinstance(s.get("layer"), int) else "x"
+    return f"causal-{i:03d}-{_slug(r.family)}-l{layer}-{_slug(str(s.get('method') or 'x'))}-{r.sha256[:8]}"
+
+
+def causal_figure(r: Result, fig_dir: Path, key: str, svg: bool) -> list[str]:
+    """The causal section's figure (`report.causal.write_figure`) as `<key>.png` (and `.svg`); paths relative
+    to the report directory."""
+    from .causal import write_figure
+
+    files = []
+    for ext in ("png", "svg") if svg else ("png",):
+        target = fig_dir / f"{key}.{ext}"
+        write_figure(r.causal_section, target, title=f"{r.input.path.stem} ({r.family})")
+        files.append(f"{fig_dir.name}/{target.name}")
+    return files

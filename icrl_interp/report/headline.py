@@ -7,13 +7,15 @@ random-init and shuffled baselines) with its 95% interval over held-out tasks, n
 model's raw R² is as high as a trained one's, because the TD error is mostly the reward, which is in the input.
 In-context control (sarsa / actor-critic checkpoints) by the transformer's and the teacher's mean
 exact return at the final closed-loop update ('error' when the evaluation failed).
+Causal tests (causal JSON inputs) get their own table (`CAUSAL_COLUMNS`): the output change from erasing
+the TD-error direction against random directions, and the random-init comparison when there is one.
 """
 from __future__ import annotations
 
 import textwrap
 
 from .batch import Result
-from .fields import control_of, control_returns, get, kernel_mins, label_of, layers_of, max_rel_err, num
+from .fields import causal_stat, control_of, control_returns, get, kernel_mins, label_of, layers_of, max_rel_err, num
 
 # (column key, header, format)
 COLUMNS = [
@@ -100,6 +102,83 @@ LEGEND = ("energy: in-support energy · rel.err: manifold relative error (max bl
           "control: closed-loop return, transformer/teacher")
 
 
+# (column key, header, terminal header or None when the terminal leaves it out)
+CAUSAL_COLUMNS = [
+    ("label", "input", "input"),
+    ("family", "family", "family"),
+    ("task_family", "task", None),
+    ("layer", "layer", "layer"),
+    ("hook", "hook", None),
+    ("method", "erasure", "method"),
+    ("direction", "direction (probe R² held out)", None),
+    ("td", "TD direction ‖Δ out‖ [95% CI]", "TD ‖Δout‖ [CI]"),
+    ("random", "random directions ‖Δ out‖ [95% CI]", "random"),
+    ("ratio", "ratio [95% CI]", "ratio [CI]"),
+    ("cohen_d", "Cohen d [95% CI]", None),
+    ("excess", "TD − random: trained / random init [95% CI]", None),
+    ("exceeds", "exceeds random init", "vs random init"),
+    ("status", "status", None),
+    ("notes", "notes", None),
+]
+
+
+def stat_text(stat) -> str:
+    """'0.0796 [0.0526, 0.116]' of a causal statistic ({"mean"|"value", "ci"}); '—' when absent."""
+    value, ci = causal_stat(stat)
+    if value is None:
+        return "—"
+    return f"{value:.3g}" + (f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else "")
+
+
+def causal_headline(r: Result) -> dict[str, str]:
+    """CAUSAL_COLUMNS of a causal input as display strings ('—' where absent)."""
+    s = r.causal_section
+    d = s.get("direction") if isinstance(s.get("direction"), dict) else {}
+    out = get(s, "erasure", "output_change")
+    base = s.get("baseline")
+    comp = get(base, "comparison")
+    r2 = num(d.get("r2_test"))
+    row = {
+        "label": label_of(r), "family": r.family if r.causal is not None else "—",
+        "task_family": str(get(s, "task", "family") or "—"),
+        "layer": "—" if not isinstance(s.get("layer"), int) else
+        f"{s['layer']} of {s['n_layers']}" if isinstance(s.get("n_layers"), int) else str(s["layer"]),
+        "hook": str(s.get("hook") or "—"), "method": str(s.get("method") or "—"),
+        "direction": "—" if not d.get("source") else f"{d['source']}" + (f" (R² {r2:.3f})" if r2 is not None else ""),
+        "td": stat_text(get(out, "td")), "random": stat_text(get(out, "random")),
+        "ratio": stat_text(get(out, "ratio")), "cohen_d": stat_text(get(out, "cohen_d")),
+        "excess": "—", "exceeds": "—", "status": r.status,
+    }
+    if isinstance(base, dict) and base.get("error"):
+        row["exceeds"] = f"not run: {base['error']}"
+    elif isinstance(comp, dict):
+        ex = get(comp, "erasure", "output_change")
+        row["excess"] = f"{stat_text(get(ex, 'trained'))} / {stat_text(get(ex, 'random_init'))}"
+        verdict = comp.get("exceeds_random_init")
+        row["exceeds"] = verdict.split(" (", 1)[0] if isinstance(verdict, str) else "—"
+    elif r.causal is not None and base is None:
+        row["exceeds"] = "no baseline in the JSON"
+    notes = [str(n) for n in (s.get("notes") or [])]
+    notes += [f"random init: {n}" for n in (get(base, "notes") or [])]
+    row["notes"] = "; ".join(notes)  # a failed row's reason is listed below the tables
+    return row
+
+
+def causal_text(results: list[Result], width: int = 28) -> str:
+    """The causal inputs as a plain-text table ('' when there are none)."""
+    rows = [causal_headline(r) for r in results if r.input.kind == "causal"]
+    if not rows:
+        return ""
+    cols = [(k, h) for k, _, h in CAUSAL_COLUMNS if h]
+    for row in rows:
+        row["label"] = row["label"] if len(row["label"]) <= width else "…" + row["label"][-(width - 1):]
+    widths = {k: max(len(h), *(len(row[k]) for row in rows)) for k, h in cols}
+    lines = ["causal tests: erasing the TD-error direction vs random directions (mean ‖Δ output‖ over held-out tasks)"]
+    lines.append("  ".join(h.ljust(widths[k]) for k, h in cols).rstrip())
+    lines += ["  ".join(row[k].ljust(widths[k]) for k, _ in cols).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
 def text_table(results: list[Result], width: int = 28) -> str:
     """A plain-text table for the terminal, failed inputs listed with their reasons below it."""
     rows = [formatted(r) for r in results]
@@ -110,6 +189,9 @@ def text_table(results: list[Result], width: int = 28) -> str:
     lines = ["  ".join(h.ljust(widths[k]) for k, h in cols)]
     lines += ["  ".join(row[k].ljust(widths[k]) for k, _ in cols) for row in rows]
     lines += ["", *textwrap.wrap(LEGEND, 110)]
+    causal = causal_text(results, width)
+    if causal:
+        lines += ["", causal]
     failed = [r for r in results if r.status != "ok"]
     if failed:
         lines.append("")

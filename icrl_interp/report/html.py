@@ -14,7 +14,7 @@ from .._version import __version__
 from .batch import Result
 from .figures import FigureInfo
 from .fields import control_of, get, label_of, num
-from .headline import COLUMNS, formatted
+from .headline import CAUSAL_COLUMNS, COLUMNS, causal_headline, formatted
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2em auto;max-width:1400px;
@@ -114,6 +114,54 @@ def _control_table(members: list[Result]) -> str:
             "equal, agreement 100 %, distance ~1e-16), both well above random and below the oracle.</p></div>")
 
 
+def _not_computed(members: list[Result]) -> str:
+    """What the analyses of these inputs did not compute, with why (their `sections` other than 'ok'), so
+    that every '—' of the table and every missing figure is explained."""
+    items = []
+    for r in members:
+        sections = get(r.analysis, "sections")
+        missing = [(k, str(v)) for k, v in sections.items() if v != "ok"] if isinstance(sections, dict) else []
+        if missing:
+            why = "; ".join(f"<b>{escape(str(k))}</b>: {escape(v)}" for k, v in missing)
+            items.append(f"<li>{escape(label_of(r))}: {why}</li>")
+    if not items:
+        return ""
+    return ('<div class="sections"><h3>Not computed</h3><p class="caption">Analyses that do not apply to an input '
+            "or lack what they need, and why (the analysis' <code>sections</code>; summary.csv columns "
+            f"<code>sections.*</code>).</p><ul class=\"muted\">{''.join(items)}</ul></div>")
+
+
+CAUSAL_ANCHOR = "causal-tests"
+
+
+def _causal_section(rows: list[Result], figures: list[FigureInfo], report_dir: Path, embed: bool) -> str:
+    """The causal JSON inputs: a table of their headline numbers, then their figures."""
+    head = "".join(f'<th class="{"l" if i < 3 or k in ("exceeds", "notes") else ""}">{escape(h)}</th>'
+                   for i, (k, h, _) in enumerate(CAUSAL_COLUMNS))
+    body = []
+    for r in rows:
+        cells = causal_headline(r)
+        tds = "".join(f'<td class="{"l" if i < 3 or k in ("exceeds", "notes") else ""}">{escape(cells[k])}</td>'
+                      for i, (k, _, _) in enumerate(CAUSAL_COLUMNS))
+        body.append(f'<tr class="{r.status.replace(" ", "-")}" title="{escape(str(r.input.path), quote=True)}">{tds}</tr>')
+        if r.status != "ok":
+            body.append(f'<tr class="{"partial" if r.status == "partial" else "failed"}"><td class="l err" '
+                        f'colspan="{len(CAUSAL_COLUMNS)}">{escape(str(r.input.path))}: {escape(r.status)}: '
+                        f"{escape(r.error or r.reasons)}</td></tr>")
+    out = [f'<h2 id="{CAUSAL_ANCHOR}">Causal tests</h2>',
+           f'<p class="muted">{len(rows)} causal JSON inputs (<code>icrl-interp causal --json</code>).</p>',
+           f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>",
+           '<p class="caption">Erasing the TD-error direction at one layer: mean ‖Δ output‖ over held-out tasks of the '
+           "TD direction and of random directions (the control), their ratio and the paired Cohen d, each with its "
+           "95% bootstrap interval over held-out tasks. With a random-init baseline: the excess (TD − random) of the "
+           "trained model and of the same architecture at random initialization, and whether the trained model's "
+           "interval lies above. Good: ratio above 1 with its interval, d above 0, and the excess above the random-init "
+           "copy's. Every number: summary.csv columns <code>causal.*</code>.</p>"]
+    drawn = [f for f in figures if f.section == "causal"]
+    out += [_figure(info, report_dir, embed) for info in drawn]
+    return "\n".join(out)
+
+
 def _anchor(family: str) -> str:
     return "family-" + "".join(c if c.isalnum() else "-" for c in family)
 
@@ -122,13 +170,16 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
            embed: bool = False) -> str:
     """The page as a string (images must already be written when `embed` is true)."""
     report_dir = Path(report_dir)
-    families = sorted({r.family for r in results})
-    counts = Counter((r.family, r.analyzed) for r in results)
+    causal = [r for r in results if r.input.kind == "causal"]
+    analyses = [r for r in results if r.input.kind != "causal"]
+    families = sorted({r.family for r in analyses})
+    counts = Counter((r.family, r.analyzed) for r in analyses)
     n_failed = sum(r.failed for r in results)
     n_partial = sum(r.status == "partial" for r in results)
     figs_by_family: dict[str, list[FigureInfo]] = defaultdict(list)
     for f in figures:
-        figs_by_family[f.family].append(f)
+        if f.section == "family":
+            figs_by_family[f.family].append(f)
 
     out = [
         "<!DOCTYPE html>",
@@ -141,7 +192,8 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
         f'{f" ({n_partial} analyzed partially)" if n_partial else ""}. '
         f"icrl_interp {escape(__version__)}. Machine-readable: "
         '<a href="summary.json">summary.json</a>, <a href="summary.csv">summary.csv</a>.</p>',
-        "<nav>" + "".join(f'<a href="#{_anchor(f)}">{escape(f)}</a>' for f in families) + "</nav>",
+        "<nav>" + "".join(f'<a href="#{_anchor(f)}">{escape(f)}</a>' for f in families)
+        + (f'<a href="#{CAUSAL_ANCHOR}">causal tests</a>' if causal else "") + "</nav>",
         "<h2>Overview</h2><table><thead><tr><th class=\"l\">family</th><th>inputs</th><th>analyzed</th><th>failed</th>"
         "</tr></thead><tbody>",
     ]
@@ -149,6 +201,10 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
         ok, total = counts[(fam, True)], sum(v for (f, _), v in counts.items() if f == fam)
         out.append(f'<tr><td class="l"><a href="#{_anchor(fam)}">{escape(fam)}</a></td><td>{total}</td>'
                    f"<td>{ok}</td><td>{total - ok}</td></tr>")
+    if causal:
+        ok = sum(r.analyzed for r in causal)
+        out.append(f'<tr><td class="l"><a href="#{CAUSAL_ANCHOR}">causal tests</a></td><td>{len(causal)}</td>'
+                   f"<td>{ok}</td><td>{len(causal) - ok}</td></tr>")
     out.append("</tbody></table>")
     out.append(
         '<p class="caption">What good looks like: in-support energy 1, manifold relative error 0 and gauge '
@@ -162,7 +218,7 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
     out.append("<h2>All inputs</h2>")
     out.append(_table(results))
     for fam in families:
-        members = [r for r in results if r.family == fam]
+        members = [r for r in analyses if r.family == fam]
         out.append(f'<h2 id="{_anchor(fam)}">Family: {escape(fam)}</h2>')
         out.append(f'<p class="muted">{len(members)} inputs.</p>')
         drawn = figs_by_family.get(fam, [])
@@ -171,5 +227,8 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
         for info in drawn:
             out.append(_figure(info, report_dir, embed))
         out.append(_control_table(members))
+        out.append(_not_computed(members))
+    if causal:
+        out.append(_causal_section(causal, figures, report_dir, embed))
     out.append("</body></html>\n")
     return "\n".join(out)

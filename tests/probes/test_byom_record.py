@@ -288,3 +288,30 @@ def test_cli_bad_input_is_one_line_and_leaves_nothing(user_files, capsys, argv, 
     assert code == 2
     assert len(err.splitlines()) == 1 and fragment in err and "Traceback" not in err
     assert sorted(p.name for p in d.iterdir()) == before  # no .partial, no output
+
+
+def test_prompt_file_with_ten_prompts_per_task_keeps_tasks_whole_and_the_control_honest(tmp_path):
+    """The public (c) evaluation format: several prompts per task. Through record -> analyze, every
+    held-out task keeps all its prompts, and the shuffled control pairs different tasks (<= 0.05)."""
+    from icrl_interp import checkpoint
+    from icrl_interp.analyzers.analyze import analyze
+
+    out = construct.construct("linear-td", {"d": 3, "n": 8, "layers": 2}, tmp_path / "star")
+    config = checkpoint.read(out)[0]
+    tasks, per_task = 40, 10
+    rng = np.random.default_rng(1)
+    z = np.concatenate([config.sample(1, rng).prompt.z for _ in range(tasks)])
+    # the same task's prompts: redraw the query column only, the context stays the task's
+    z = np.repeat(z, per_task, axis=0)
+    z[:, -1, :3] = rng.uniform(-1, 1, size=(tasks * per_task, 3))
+    ids = np.repeat(np.arange(tasks), per_task)
+    np.savez(tmp_path / "p.npz", z=z, task_id=ids)
+    recorder.record(checkpoint.load(out), tmp_path / "r.h5", probe_spec.shipped_spec("linear-td"),
+                    recorder.load_prompt_file(tmp_path / "p.npz", config, None), batch_size=50, progress=False)
+    r = analyze(tmp_path / "r.h5")
+    for layer in r["activations"]["layers"]:
+        probe = layer["td_probe"][layer["td_probe_hook"]]
+        assert abs(probe["r2_shuffled"]) <= 0.05
+        table = probe["per_task"]
+        assert table is not None and set(table["n_prompts"]) == {per_task}  # no task split across folds
+        assert len(table["task_id"]) == probe["n_test_tasks"] < tasks
