@@ -111,7 +111,8 @@ def main(argv=None) -> int:
     if not args.no_report:
         from icrl_interp.report import ReportConfig, build_report
 
-        outcome = build_report([str(r["paths"]["recording"]) for r in results.values()], out / "report",
+        inputs = [str(r["paths"][k]) for k in ("recording", "causal") for r in results.values()]
+        outcome = build_report(inputs, out / "report",
                                ReportConfig(progress=False))
         print(f"report: {Path(outcome.out_dir) / 'index.html'}")
     for which, r in results.items():

@@ -43,4 +43,5 @@ for X in torch tl; do
 done
 
 echo "== report"
-"$BIN/icrl-interp" report "$OUT/torch.h5" "$OUT/tl.h5" --out "$OUT/report" --no-progress
+"$BIN/icrl-interp" report "$OUT/torch.h5" "$OUT/tl.h5" "$OUT/torch_causal.json" "$OUT/tl_causal.json" \
+    --out "$OUT/report" --no-progress

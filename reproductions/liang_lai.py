@@ -34,7 +34,8 @@ SARSA = dict(MDP, sa_features="gaussian", d=36, alpha=2.0, lr=1e-2, steps=1500)
 ROWS: dict[str, tuple[str, dict]] = {
     "sarsa": ("sarsa", SARSA),
     "actor-critic": ("actor-critic", dict(MDP, sa_features="gaussian", d=36, alpha=32.0, beta=0.01, lr=1e-2, steps=6000,
-                                          lam_std_max=3.0, critic_lr_factor=0.01 / 32.0)),
+                                          lr_decay=0.98, lam_std_max=3.0, critic_weight=(32.0 / 0.01) ** 2,
+                                          critic_lr_factor=0.01 / 32.0)),
     "lazy": ("sarsa", dict(SARSA, lazy_ablation=True)),
     "weak": ("sarsa", dict(SARSA, sa_randomness=0.1)),
     "onehot": ("sarsa", dict(SARSA, sa_features="onehot", d=None)),

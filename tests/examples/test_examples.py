@@ -186,3 +186,19 @@ def test_cli_refuses_the_torch_model_without_its_probe_spec(python_runs, tmp_pat
 def test_tl_random_init_baseline_is_not_degenerate(python_runs):
     with Recording(python_runs["tl"]["paths"]["recording"]) as rec:
         assert float(np.std(rec.array("baseline/outputs/model"))) > 1e-3
+
+
+def test_report_over_both_examples_fills_or_explains_every_section(python_runs, tmp_path, capsys):
+    """record -> analyze -> causal -> report: the recordings and the causal JSONs of both examples in one
+    report; every row is analyzed, and every section that is not computed says why."""
+    inputs = [str(python_runs[w]["paths"][k]) for k in ("recording", "causal") for w in WHICH]
+    out = tmp_path / "report"
+    assert cli.main(["report", *inputs, "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    rows = json.loads((out / "summary.json").read_text())["rows"]
+    assert sorted(r["kind"] for r in rows) == ["causal", "causal", "recording", "recording"]
+    for row in rows:
+        assert row["status"] in ("ok", "partial"), row
+        if row["status"] == "partial":
+            assert row["reasons"], row  # what is missing is said
+    assert "Causal tests" in (out / "index.html").read_text()

@@ -53,3 +53,55 @@ def test_lazy_ablation_and_span_projection():
     assert masks == {} and np.abs(model.layer_params(0)["P"].detach().numpy()[two, two]).max() > 0
     with pytest.raises(UserError, match="span_projection is implemented for sarsa only, not actor-critic"):
         _cfg(span_projection=True)
+
+
+def test_critic_weight_and_the_critic_rows_step_factor():
+    """critic_weight multiplies the critic's squared error; critic_lr_factor k scales the init and every Adam step
+    of V's critic rows by k (Adam on V / k), leaving every other entry as plain Adam leaves it."""
+    import torch
+
+    cfg = _cfg(critic_weight=9.0)
+    b = AC.sample_actor_critic(cfg, np.random.default_rng(0))
+    model = build(_cfg())[0]
+    err = (actor_critic.readout(model(b.z), model.layout) - b.target).pow(2)
+    want = (9.0 * err[:, :6].sum(-1) + err[:, 6:].sum(-1)).mean()
+    assert abs(AC.mimicking_loss(model, b).item() - want.item()) < 1e-12
+    assert AC.evaluate(model, cfg, np.random.default_rng(1))["loss"] == AC.evaluate(model, _cfg(), np.random.default_rng(1))["loss"]
+    k = 0.01
+    plain_model, scaled = build(_cfg())[0], build(_cfg(critic_lr_factor=k))[0]
+    rows = plain_model.layout.slice("w")
+    Vp, Vs = plain_model.layer_params(0)["V"].detach(), scaled.layer_params(0)["V"].detach()
+    torch.testing.assert_close(Vs[rows], k * Vp[rows], rtol=0, atol=1e-15)
+    assert torch.equal(Vs[: rows.start], Vp[: rows.start]) and torch.equal(Vs[rows.stop :], Vp[rows.stop :])
+    assert AC.TRAINING.update_constraint(plain_model, _cfg()) is None
+    fix = AC.TRAINING.update_constraint(scaled, _cfg(critic_lr_factor=k))
+    named = dict(scaled.named_parameters())
+    before = {n: p.detach().clone() for n, p in named.items()}
+    with torch.no_grad():
+        for p in named.values():
+            p.add_(1.0)  # a pretend optimizer step of +1 everywhere
+    fix(named, before)
+    V = named["blocks.0.attn.V"].detach()
+    torch.testing.assert_close(V[rows] - before["blocks.0.attn.V"][rows], torch.full_like(V[rows], k))
+    assert torch.all(V[: rows.start] - before["blocks.0.attn.V"][: rows.start] == 1.0)
+    assert torch.all(named["blocks.0.attn.P"].detach() - before["blocks.0.attn.P"] == 1.0)
+    with pytest.raises(UserError, match="critic_lr_factor must be positive"):
+        _cfg(critic_lr_factor=0.0)
+
+
+def test_parameter_scale_mixture():
+    """lam_std_max / w_std_max: one std per prompt, log-uniform in [std, std_max]; without them the draw is the
+    original one, bit for bit."""
+    from icrl_interp.families import sarsa_training
+
+    x = sarsa_training.draw_params(0.5, 4.0, 4000, 200, np.random.default_rng(0))
+    std = x.std(-1)
+    # per-prompt sample stds of 200 entries: within ~15% of a scale in [0.5, 4], median at the geometric mean
+    assert std.min() > 0.4 and std.max() < 4.6 and abs(np.median(np.log(std)) - np.log(np.sqrt(2.0))) < 0.1
+    np.testing.assert_array_equal(sarsa_training.draw_params(0.5, None, 3, 4, np.random.default_rng(1)),
+                                  0.5 * np.random.default_rng(1).standard_normal((3, 4)))
+    b = AC.sample_actor_critic(_cfg(lam_std_max=5.0, batch=400), np.random.default_rng(2))
+    lam_std, w_std = b.w.numpy()[:, 6:].std(-1), b.w.numpy()[:, :6].std(-1)
+    assert lam_std.max() > 3.0 and w_std.max() < 1.5  # lam spreads over the mixture, w keeps its one std
+    with pytest.raises(UserError, match="lam_std_max must be at least lam_std"):
+        _cfg(lam_std_max=0.1)
