@@ -40,16 +40,29 @@ ROWS: dict[str, tuple[str, dict]] = {
     "weak": ("sarsa", dict(SARSA, sa_randomness=0.1)),
     "onehot": ("sarsa", dict(SARSA, sa_features="onehot", d=None)),
 }
+AC = ROWS["actor-critic"][1]
+FIX = ("lam_std_max", "critic_weight", "critic_lr_factor")
+EXTRA: dict[str, tuple[str, dict]] = {  # what the actor-critic fix consists of (seed 0; not paper rows)
+    "ac-plain": ("actor-critic", {k: v for k, v in AC.items() if k not in FIX}),
+    "ac-nomix": ("actor-critic", {k: v for k, v in AC.items() if k != "lam_std_max"}),
+    "ac-onehot": ("actor-critic", dict(AC, sa_features="onehot", d=None, beta=0.25, critic_weight=(32.0 / 0.25) ** 2,
+                                       critic_lr_factor=0.25 / 32.0)),
+}
+ROWS.update(EXTRA)
 PAPER = {  # the paper's ablation table: loss, rel. err P12, rel. err V21bar, lazy drift, control return
     "sarsa": ("exponential (→ 1e-6)", "< 0.015", "< 0.012", "0.000", "1.83"),
     "actor-critic": ("exponential (→ 1e-6)", "< 0.018", "< 0.014", "0.000", "1.91"),
     "lazy": ("sublinear / slow", "0.142", "0.128", "0.085", "1.62"),
     "weak": ("oscillating", "0.285", "0.261", "0.002", "1.24"),
     "onehot": ("–", "–", "–", "–", "–"),
+    **{row: ("–", "–", "–", "–", "–") for row in EXTRA},
 }
 LABELS = {"sarsa": "full SARSA (random features)", "actor-critic": "full actor-critic (random features)",
           "lazy": "lazy blocks not frozen (SARSA)", "weak": "weak excitation, ρ = 0.1 (SARSA)",
-          "onehot": "one-hot features (SARSA; not a paper row)"}
+          "onehot": "one-hot features (SARSA; not a paper row)",
+          "ac-plain": "actor-critic, plain Adam (equal weights, no λ mixture)",
+          "ac-nomix": "actor-critic, critic weight + step factor, no λ mixture",
+          "ac-onehot": "actor-critic, one-hot, β = 0.25, the full fix"}
 CONTROL = dict(mdps=100, iterations=1000, rewards="normal", seed=0, epsilon=0.1)
 
 
