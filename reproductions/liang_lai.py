@@ -6,10 +6,15 @@
 ROW is one row of the paper's ablation table (or our one-hot comparison):
 
     sarsa         full SARSA: random Gaussian features (d = 36), lazy blocks zero-initialised
-    actor-critic  full actor-critic: the same features, actor step 32, critic step 0.01
+    actor-critic  full actor-critic: the same features, actor step 32, critic step 0.01, the critic's error
+                  weighted by (32 / 0.01)^2 and its V rows stepped at 0.01 / 32 of Adam's step (the fix)
     lazy          SARSA with the lazy blocks P22, V22 initialised like the rest and trained freely
     weak          SARSA on low-randomness features (rho = 0.1: sqrt(1 - rho^2) * one-hot + rho * Gaussian)
     onehot        SARSA on one-hot features (the blind direction u; not a paper row: the explanation)
+
+and, not paper rows: ac-plain (actor-critic without the critic weight and step factor), ac-mix (with a lam scale
+mixture), ac-onehot (one-hot actor-critic, critic step 0.25, with the fix), weak-0.3 / weak-0.03 / weak-0.01
+(the rho trend of the weak row).
 
 For each seed the row's training config is trained with the package's trainer (`icrl_interp.train.train`),
 the final checkpoint is exported to OUT/ROW/seedK/model, and it is run in closed loop on 100 held-out MDPs
@@ -34,19 +39,20 @@ SARSA = dict(MDP, sa_features="gaussian", d=36, alpha=2.0, lr=1e-2, steps=1500)
 ROWS: dict[str, tuple[str, dict]] = {
     "sarsa": ("sarsa", SARSA),
     "actor-critic": ("actor-critic", dict(MDP, sa_features="gaussian", d=36, alpha=32.0, beta=0.01, lr=1e-2, steps=6000,
-                                          lr_decay=0.98, lam_std_max=3.0, critic_weight=(32.0 / 0.01) ** 2,
-                                          critic_lr_factor=0.01 / 32.0)),
+                                          lr_decay=0.98, critic_weight=(32.0 / 0.01) ** 2, critic_lr_factor=0.01 / 32.0)),
     "lazy": ("sarsa", dict(SARSA, lazy_ablation=True)),
     "weak": ("sarsa", dict(SARSA, sa_randomness=0.1)),
     "onehot": ("sarsa", dict(SARSA, sa_features="onehot", d=None)),
 }
 AC = ROWS["actor-critic"][1]
-FIX = ("lam_std_max", "critic_weight", "critic_lr_factor")
-EXTRA: dict[str, tuple[str, dict]] = {  # what the actor-critic fix consists of (seed 0; not paper rows)
-    "ac-plain": ("actor-critic", {k: v for k, v in AC.items() if k not in FIX}),
-    "ac-nomix": ("actor-critic", {k: v for k, v in AC.items() if k != "lam_std_max"}),
+EXTRA: dict[str, tuple[str, dict]] = {  # what the actor-critic fix consists of, and the rho trend (seed 0; not paper rows)
+    "ac-plain": ("actor-critic", {k: v for k, v in AC.items() if k not in ("critic_weight", "critic_lr_factor")}),
+    "ac-mix": ("actor-critic", dict(AC, lam_std_max=3.0)),
     "ac-onehot": ("actor-critic", dict(AC, sa_features="onehot", d=None, beta=0.25, critic_weight=(32.0 / 0.25) ** 2,
-                                       critic_lr_factor=0.25 / 32.0)),
+                                       critic_lr_factor=0.25 / 32.0, lam_std_max=3.0)),
+    "weak-0.3": ("sarsa", dict(SARSA, sa_randomness=0.3)),
+    "weak-0.03": ("sarsa", dict(SARSA, sa_randomness=0.03)),
+    "weak-0.01": ("sarsa", dict(SARSA, sa_randomness=0.01)),
 }
 ROWS.update(EXTRA)
 PAPER = {  # the paper's ablation table: loss, rel. err P12, rel. err V21bar, lazy drift, control return
@@ -60,9 +66,11 @@ PAPER = {  # the paper's ablation table: loss, rel. err P12, rel. err V21bar, la
 LABELS = {"sarsa": "full SARSA (random features)", "actor-critic": "full actor-critic (random features)",
           "lazy": "lazy blocks not frozen (SARSA)", "weak": "weak excitation, ρ = 0.1 (SARSA)",
           "onehot": "one-hot features (SARSA; not a paper row)",
-          "ac-plain": "actor-critic, plain Adam (equal weights, no λ mixture)",
-          "ac-nomix": "actor-critic, critic weight + step factor, no λ mixture",
-          "ac-onehot": "actor-critic, one-hot, β = 0.25, the full fix"}
+          "ac-plain": "actor-critic, plain Adam (no critic weight, no critic step factor)",
+          "ac-mix": "actor-critic, the fix + λ scale mixture (λ std log-uniform in [0.5, 3])",
+          "ac-onehot": "actor-critic, one-hot, β = 0.25, the fix + λ mixture",
+          "weak-0.3": "weak excitation, ρ = 0.3 (SARSA)", "weak-0.03": "weak excitation, ρ = 0.03 (SARSA)",
+          "weak-0.01": "weak excitation, ρ = 0.01 (SARSA)"}
 CONTROL = dict(mdps=100, iterations=1000, rewards="normal", seed=0, epsilon=0.1)
 
 
@@ -139,9 +147,12 @@ def run_row(row: str, seeds: list[int], out: Path, control_kw: dict) -> None:
 
 # ------------------------------------------------------------------ tables
 def _ms(values, fmt="{:.3f}") -> str:
+    """mean ± std over seeds ('err': 4 decimals, or 2 significant digits below 1e-3)."""
     v = np.array([x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))], dtype=float)
     if v.size == 0:
         return "–"
+    if fmt == "err":
+        fmt = "{:.1e}" if abs(v.mean()) < 1e-3 else "{:.4f}"
     if v.size == 1:
         return fmt.format(v[0])
     return f"{fmt.format(v.mean())} ± {fmt.format(v.std())}"
@@ -158,7 +169,7 @@ def load(out: Path) -> dict[str, list[dict]]:
 
 def ablation_table(rows: dict[str, list[dict]]) -> str:
     lines = ["| row | seeds | held-out loss (rel. to update) | loss curve: first → last, rebounds | "
-             "rel. err P12 | rel. err V̄21 | lazy drift ‖P22‖+‖V22‖ (init) | return t = 1000 | paper: loss, P12, V̄21, drift, return |",
+             "rel. err P12 | rel. err V̄21 | lazy ‖P22‖+‖V22‖ end (init) | return t = 1000 (teacher) | paper: loss, P12, V̄21, drift, return |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row, res in rows.items():
         fm = [r["final_metrics"] for r in res]
@@ -166,19 +177,20 @@ def ablation_table(rows: dict[str, list[dict]]) -> str:
         drift = [r["lazy"]["P22"] + r["lazy"]["V22"] for r in res]
         init = [r["lazy"]["init_P22"] + r["lazy"]["init_V22"] for r in res]
         ret = [r["control"]["returns"]["transformer"]["mean"] for r in res]
+        teacher = res[0]["control"]["returns"]["teacher"]["mean"]
         lines.append(
             f"| {LABELS[row]} | {len(res)} | {_ms([m['loss'] for m in fm], '{:.1e}')} "
             f"({_ms([m['loss_relative_to_update'] for m in fm], '{:.1e}')}) | "
             f"{_ms([c['first'] for c in lc], '{:.1e}')} → {_ms([c['last'] for c in lc], '{:.1e}')}, "
-            f"{_ms([c['rebounds'] for c in lc], '{:.2f}')} | {_ms([m['rel_err_P12'] for m in fm], '{:.4f}')} | "
-            f"{_ms([m['rel_err_V21'] for m in fm], '{:.4f}')} | {_ms(drift, '{:.3f}')} ({_ms(init, '{:.3f}')}) | "
-            f"{_ms(ret)} | {', '.join(PAPER[row])} |")
+            f"{_ms([c['rebounds'] for c in lc], '{:.2f}')} | {_ms([m['rel_err_P12'] for m in fm], 'err')} | "
+            f"{_ms([m['rel_err_V21'] for m in fm], 'err')} | {_ms(drift, '{:.3f}')} ({_ms(init, '{:.3f}')}) | "
+            f"{_ms(ret)} ({teacher:.3f}) | {', '.join(PAPER[row])} |")
     return "\n".join(lines)
 
 
 def control_table(rows: dict[str, list[dict]]) -> str:
     lines = ["| model | seeds | random | teacher | transformer | oracle | transformer − teacher | greedy agreement (min) | "
-             "rel. param. distance (max) |", "|---|---|---|---|---|---|---|---|---|"]
+             "rel. param. distance (max) | diverged MDPs |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row, res in rows.items():
         c = [r["control"] for r in res]
 
@@ -192,7 +204,8 @@ def control_table(rows: dict[str, list[dict]]) -> str:
             f"{_ms([100 * x['tracking']['greedy_agreement']['mean'] for x in c], '{:.2f}')}% "
             f"({min(100 * x['tracking']['greedy_agreement_min'] for x in c):.1f}%) | "
             f"{_ms([x['tracking']['rel_param_distance']['mean'] for x in c], '{:.1e}')} "
-            f"({max(x['tracking']['rel_param_distance_max'] for x in c):.1e}) |")
+            f"({max(x['tracking']['rel_param_distance_max'] for x in c):.1e}) | "
+            f"{', '.join(str(x['divergence_mdps']) for x in c)} |")
     return "\n".join(lines)
 
 
