@@ -3,6 +3,7 @@
 #
 #   examples/run_all.sh [OUT]             # full size: OUT (default example-runs)
 #   STEPS=5 TASKS=256 examples/run_all.sh /tmp/quick   # a smoke test
+#   MODELS=tl examples/run_all.sh OUT     # one model only (torch, tl or both: "torch tl")
 #
 # examples/run_all.py does the same through the Python API. Run from anywhere; paths are relative to
 # the repository root, and the commands come from .venv (override with BIN=...).
@@ -14,10 +15,13 @@ STEPS=${STEPS:-1200}        # training steps per model (batch 256, fresh tasks e
 TASKS=${TASKS:-2048}        # prompts recorded per model
 CAUSAL_TASKS=${CAUSAL_TASKS:-256}
 THREADS=${THREADS:-1}       # torch threads for training: one is fastest for these tiny products on a busy box
+MODELS=${MODELS:-torch tl}  # which example models
 TASK=(--task linear-td --d 4 --n 30 --layers 3)   # the task the models are trained on
 mkdir -p "$OUT"
 
-for X in torch tl; do
+REPORT_INPUTS=()
+for X in $MODELS; do
+  case "$X" in torch|tl) ;; *) echo "MODELS: unknown model '$X' (torch, tl)" >&2; exit 2;; esac
   PROBE=()
   if [ "$X" = torch ]; then PROBE=(--probe examples/torch_model.toml); fi   # TransformerLens needs none
   W="$OUT/${X}_model.safetensors"
@@ -40,8 +44,8 @@ for X in torch tl; do
   "$BIN/icrl-interp" causal --model "examples/${X}_model.py:make" --weights "$W" "${TASK[@]}" \
       ${PROBE[@]+"${PROBE[@]}"} --layer 0 --tasks "$CAUSAL_TASKS" \
       --json "$OUT/${X}_causal.json" --figure "$OUT/${X}_causal.png"
+  REPORT_INPUTS+=("$OUT/$X.h5" "$OUT/${X}_causal.json")
 done
 
 echo "== report"
-"$BIN/icrl-interp" report "$OUT/torch.h5" "$OUT/tl.h5" "$OUT/torch_causal.json" "$OUT/tl_causal.json" \
-    --out "$OUT/report" --no-progress
+"$BIN/icrl-interp" report "${REPORT_INPUTS[@]}" --out "$OUT/report" --no-progress

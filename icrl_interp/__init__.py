@@ -23,13 +23,32 @@ def record(model, task, out, **options):
     return record_model(model, task, out, **options)
 
 
-def analyze(path, **options) -> dict:
+def analyze(path_or_model, task=None, **options) -> dict:
     """Analyze a checkpoint, recording or TransformerLens weights file into the analysis JSON dict
-    (`icrl_interp.analyzers.analyze.analyze`)."""
+    (`icrl_interp.analyzers.analyze.analyze`); or a model (a torch module) live on `task`, from its
+    forward pass without writing a recording (`icrl_interp.analyzers.from_model.analyze_model`)."""
+    if hasattr(path_or_model, "named_modules"):  # a torch module (checked without importing torch)
+        from .analyzers.from_model import analyze_model
+
+        if task is None:
+            raise UserError("analyze(model, task=...): a model is analyzed on a task (a family name, a checkpoint "
+                            "directory or a config)")
+        return analyze_model(path_or_model, task, **options)
+    if task is not None:
+        raise UserError("task= goes with a model; a checkpoint or recording brings its own task")
     from .analyzers.analyze import analyze as _analyze
 
-    return _analyze(path, **options)
+    return _analyze(path_or_model, **options)
+
+
+def verdict(source=None, **options) -> dict:
+    """Which candidate RL algorithm a model runs: the verdict JSON (`icrl_interp.verdict/1`) of a recording, or
+    of a model (`model=`, with `task=` when there is no recording; then with causal evidence); see
+    `icrl_interp.causal_verdict.verdict` and docs/verdict.md."""
+    from .causal_verdict import verdict as _verdict
+
+    return _verdict(source, **options)
 
 
 __all__ = ["__version__", "UserError", "PromptLayout", "Prompt", "layout_for", "envs", "layouts", "reference",
-           "registry", "record", "analyze"]
+           "registry", "record", "analyze", "verdict"]

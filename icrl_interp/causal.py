@@ -12,9 +12,13 @@ by task) every context column of that layer's activation is then edited:
   x -> x - c b.(x - mean_x), c = Cov(x, delta), b = Cov(x)^+ c / (c^T Cov(x)^+ c);
 * **steer**: x -> x + s sigma u for a few s (sigma: the std of u.x on training columns).
 
-Every edit is x -> x - c (b.x - m) + v (`Edit`). The same edit along random unit directions g (seeded
-draws; LEACE: the eraser of the concept g.x) is the control. Output and value-error
-changes are compared per held-out task, with paired effect sizes and bootstrap intervals.
+Every edit is x -> x - c (b.x - m) + v (`Edit`). The same edit along random directions (seeded draws
+g, bent toward the top or bottom of Cov(x) as Cov(x)^p g) is the control, each draw of the same size
+as the TD edit: an erasure removes as much variance as the TD erasure does (`variance_matched`), a
+steering shifts by the same vector norm. Output and value-error changes are compared per held-out
+task, with paired effect sizes and bootstrap intervals. Every erasure also reports how much of delta a
+ridge probe refitted on the edited features still reads (`r2_after`): mean-ablating the probe's
+direction removes its readout, not necessarily delta; LEACE leaves none linearly.
 
 By default the identical test also runs on the same architecture at random initialization
 (`recorder.random_init_copy`: same tasks, split, random directions and resamples, its own direction),
@@ -106,6 +110,53 @@ def leace_edit(cov_x: np.ndarray, cov_xz: np.ndarray, mean_x: np.ndarray) -> Edi
         raise UserError("LEACE: the concept has no covariance with the features at this site (nothing to erase)")
     b = q / denom
     return Edit(c=c, b=b, m=float(b @ np.asarray(mean_x, dtype=np.float64)))
+
+
+MATCH_POWER = 30.0
+"""Largest |p| of the control's Cov(x)^p g; beyond it the erased variance is that of an eigenvector."""
+
+
+def erased_variance(cov: np.ndarray, edit: Edit) -> float:
+    """Variance a rank-one erasure removes, E||x - edit(x)||^2 = ||c||^2 b.Cov.b (mean-ablation along a unit
+    u: u.Cov.u; LEACE of a concept with cross-covariance c: ||c||^2 / c.Cov^+.c)."""
+    c, b = np.asarray(edit.c, dtype=np.float64), np.asarray(edit.b, dtype=np.float64)
+    return float(c @ c * (b @ cov @ b))
+
+
+def variance_matched(cov: np.ndarray, g: np.ndarray, target: float, leace: bool = False) -> np.ndarray:
+    """Cov^p g with p chosen so that its erasure removes `target` variance: the unit direction's u.Cov.u
+    (mean- or zero-ablation) or, with `leace`, the LEACE eraser's ||c||^2 / c.Cov^+.c for c = Cov^p g.
+
+    Both are means of Cov's eigenvalues weighted by lambda^{2p} (g.e)^2 (LEACE: by lambda^{2p-1} (g.e)^2,
+    a harmonic mean), so they grow with p: p is found by bisection in [-MATCH_POWER, MATCH_POWER]. p = 0
+    is g itself (mean-ablation), p = 1 the eraser of the raw concept g.x (LEACE). A target beyond the
+    reachable range gives the nearest end (an eigenvector's variance). Only the range of Cov counts."""
+    lam, U = np.linalg.eigh((cov + cov.T) / 2)
+    keep = lam > 1e-10 * max(float(lam.max(initial=0.0)), 1e-300)
+    lam, U = lam[keep], U[:, keep]
+    a = U.T @ np.asarray(g, dtype=np.float64)
+    if lam.size == 0 or not float(a @ a) > 0:
+        raise UserError("the features do not vary along the random direction: no variance to erase")
+    log_l = np.log(lam / lam.max())
+    with np.errstate(divide="ignore"):
+        log_a2 = np.log(a ** 2)
+
+    def variance(p: float) -> float:
+        e = log_a2 + 2 * p * log_l
+        w = np.exp(e - e.max())  # the weights up to a constant, without overflow
+        return float(w.sum() / (w @ (1 / lam))) if leace else float(w @ lam / w.sum())
+
+    lo, hi = -MATCH_POWER, MATCH_POWER
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if variance(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-13:
+            break
+    p = (lo + hi) / 2
+    return U @ (np.exp(p * log_l - np.max(p * log_l)) * a)  # Cov^p g up to a positive constant
 
 
 def pinv_psd(S: np.ndarray, rtol: float = 1e-10) -> np.ndarray:
@@ -356,6 +407,10 @@ class CausalSetup:
     probe_sums: np.ndarray | None = None
     """Per held-out task [N_test, 4]: the probe's sum of squared residuals, samples, sum and sum of squares
     of its targets (the probe's held-out R^2 from any subset of tasks: `analyzers.td_probe.r2_of_sums`)."""
+    features: np.ndarray | None = None
+    """The unedited features of every task [tasks, n, F] (what `r2_after` edits and refits on)."""
+    targets: np.ndarray | None = None
+    """The probe's targets delta_k of every task [tasks, n]."""
 
     @property
     def width(self) -> int:
@@ -372,14 +427,17 @@ class CausalSetup:
         raise UserError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
 
     def erase_random(self, method: str, g: np.ndarray) -> Edit:
-        """The same erasure along the random unit vector g. LEACE: the eraser of the concept g.x that g
-        reads out (cross-covariance Cov(x) g), as the TD concept is (nearly) the probe's readout u.x."""
+        """The same erasure along the random vector g, of the same size as the TD erasure: bent to
+        Cov(x)^p g so that it removes the variance the TD erasure removes (`variance_matched`).
+        Mean- / zero-ablation: the unit direction with u.Cov.u = sigma^2 of the TD direction. LEACE: the
+        eraser of the concept whose cross-covariance is Cov(x)^p g (p = 1: the raw concept g.x), with
+        the TD eraser's ||c||^2 / c.Cov^+.c. An unmatched control compares edits of different sizes: the
+        random draws' effects grow with the variance they remove (docs/causal.md#the-random-control)."""
+        td = self.erase(method)
+        target = erased_variance(self.cov_x, td)
         if method == "leace":
-            c = self.cov_x @ g
-            if float(np.linalg.norm(c)) == 0.0:
-                raise UserError("LEACE: the features at this site do not vary (zero covariance)")
-            return leace_edit(self.cov_x, c, self.mean_x)
-        u = _unit(g, "random direction")
+            return leace_edit(self.cov_x, variance_matched(self.cov_x, g, target, leace=True), self.mean_x)
+        u = _unit(variance_matched(self.cov_x, g, target), "random direction")
         if method == "zero":
             return projection_edit(u, 0.0)
         return projection_edit(u, float(self.mean_x @ u))
@@ -388,6 +446,15 @@ class CausalSetup:
         """x -> x + scale * std * unit(direction) (default: the TD direction)."""
         u = self.direction if direction is None else _unit(direction, "steering direction")
         return Edit(v=float(scale) * self.std * u)
+
+    def r2_after(self, edit: Edit) -> float | None:
+        """Held-out R^2 of a ridge probe refitted (as the direction's probe: same split, penalty by CV on
+        the training tasks) on the features under `edit`: how much of delta the edited features still
+        carry linearly. About 0 after LEACE; near the unedited R^2 when the edit left delta decodable."""
+        if self.features is None or self.targets is None:
+            return None
+        return _probe(edit.apply(self.features), self.targets, self.train_index, self.test_index,
+                      shuffled=False)["r2_test"]
 
     def output(self, edit: Edit | None = None) -> np.ndarray:
         """The model's output on the held-out prompts [N_test, k] under `edit`."""
@@ -408,22 +475,22 @@ def _truth(batch, idx: np.ndarray, hints, width: int) -> tuple[np.ndarray, str]:
     return ref, "reference output"
 
 
-def _probe(X: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray) -> dict:
+def _probe(X: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray, shuffled: bool = True) -> dict:
     """Ridge probe with intercept (analyzers.td_probe's RidgeStats: the penalty picked by 5-fold CV over
-    the training tasks), its R^2 on training and held-out tasks, and the shuffled control (each task's
-    targets replaced by those of the next task of the same fold)."""
+    the training tasks), its R^2 on training and held-out tasks, and (unless `shuffled` is False) the
+    shuffled control (each task's targets replaced by those of the next task of the same fold)."""
     from .analyzers import td_probe
 
     N, n, F = X.shape
     fold = np.full(N, FOLDS, dtype=np.int64)
     fold[train] = np.arange(train.size) % FOLDS
-    shuffled = np.empty_like(y)
+    shuffled_y = np.empty_like(y)
     for f in range(FOLDS + 1):
         members = np.nonzero(fold == f)[0]
-        shuffled[members] = y[np.roll(members, 1)]
+        shuffled_y[members] = y[np.roll(members, 1)]
     x0, y0 = X[train].reshape(-1, F).mean(0), float(y[train].mean())
     out = {}
-    for key, target in (("", y), ("_shuffled", shuffled)):
+    for key, target in (("", y), ("_shuffled", shuffled_y))[:2 if shuffled else 1]:
         stats = []
         for f in range(FOLDS + 1):
             st = td_probe.RidgeStats(F)
@@ -437,7 +504,8 @@ def _probe(X: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray) ->
         if not key:
             out.update({"r2_train": _num(pooled.r2(coef, b0)), "alpha": alpha, "coef": coef, "intercept": b0,
                         "n_train": int(pooled.n), "n_test": int(stats[FOLDS].n)})
-    out["r2_shuffled"] = out.pop("r2_test_shuffled")
+    if shuffled:
+        out["r2_shuffled"] = out.pop("r2_test_shuffled")
     return out
 
 
@@ -530,7 +598,8 @@ def prepare(model, config, layer: int, *, hook: str | None = None, roles: dict |
     return CausalSetup(runner=runner, site=site, family=fam.name, z_test=z[test], base=out[test], truth=truth,
                        truth_kind=truth_kind, direction=u, direction_source=source, mean=float(proj.mean()),
                        std=float(proj.std()), mean_x=mean_x, cov_x=cov_x, cov_xz=cov_xz, probe=probe,
-                       train_index=train, test_index=test, batch=batch, notes=notes, probe_sums=probe_sums)
+                       train_index=train, test_index=test, batch=batch, notes=notes, probe_sums=probe_sums,
+                       features=X, targets=y)
 
 
 # ------------------------------------------------------------------------- statistics
@@ -602,7 +671,8 @@ BASELINES = ("random-init", "none")
 """What the identical test also runs on: the same architecture at random initialization
 (`recorder.random_init_copy`), or nothing."""
 MEASURE = ("excess output change: per held-out task, ||out_edited - out||_2 from erasing the TD direction "
-           "minus its mean over the random directions, in the output's own units (the task's values); "
+           "minus its mean over the random directions of the same size (variance-matched), in the output's own "
+           "units (the task's values); "
            "trained minus random-init per task, 95% bootstrap over held-out tasks")
 """What the trained-vs-random-init comparison is based on (docs/causal.md#trained-against-random-init)."""
 
@@ -633,7 +703,8 @@ def measure(setup: CausalSetup, method: str, G: np.ndarray, scales, seed: int, n
     with eval_mode(setup.runner.model):
         td_edit = setup.erase(method)
         td_abs, td_ve, td_delta = effect(td_edit)
-        rand = [effect(setup.erase_random(method, g)) for g in G]
+        rand_edits = [setup.erase_random(method, g) for g in G]
+        rand = [effect(e) for e in rand_edits]
         r_abs = np.stack([r[0] for r in rand], 1)
         r_ve = np.stack([r[1] for r in rand], 1)
         erasure = {"output_change": compare(td_abs, r_abs, rng, n_boot),
@@ -645,6 +716,12 @@ def measure(setup: CausalSetup, method: str, G: np.ndarray, scales, seed: int, n
         if method == "leace":
             c = td_edit.c
             erasure["leace_cosine"] = float(c @ setup.direction / np.linalg.norm(c))
+        sizes = [erased_variance(setup.cov_x, e) for e in rand_edits]
+        erasure["erased_variance"] = {"td": erased_variance(setup.cov_x, td_edit), "random": float(np.mean(sizes))}
+        after = [setup.r2_after(e) for e in rand_edits]
+        erasure["r2_after"] = {"before": setup.probe.get("r2_test"), "td": setup.r2_after(td_edit),
+                               "random": (None if not after or any(a is None for a in after)
+                                          else float(np.mean(after)))}
         curve, steer = [], []
         for s in scales:
             t_abs, t_ve, t_delta = effect(setup.steer(s))

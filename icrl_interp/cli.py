@@ -24,8 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("icrl_interp.commands.analyze", "analyze checkpoints / recordings: block sparsity, manifold, kernel, TD probes, convergence"),
     "report": ("icrl_interp.commands.report", "analyze many checkpoints / recordings / runs into an HTML report"),
     "train": ("icrl_interp.commands.train", "pretrain a model of a family into a resumable run directory"),
+    "sweep": ("icrl_interp.commands.sweep", "train a TOML grid of configs x seeds (resumable runs), then report over them"),
     "control": ("icrl_interp.commands.control", "in-context control on held-out MDPs: random / teacher / transformer / oracle returns"),
     "causal": ("icrl_interp.commands.causal", "erase / steer the TD-error direction at a layer against random directions: its causal effect on the output"),
+    "verdict": ("icrl_interp.commands.verdict", "which candidate RL algorithm (TD(0), TD(lambda), Monte Carlo, LSTD, SARSA, Q-learning, ...) a model runs: behaviour, probes, causal erasure per layer"),
 }
 
 

@@ -264,16 +264,18 @@ def check_size(cfg: ControlConfig, config, algo) -> None:
     check_fits(estimate, sizes, {"mdps": "--mdps", "iterations": "--steps", "n": "--n"}, "the closed loops")
 
 
-def run_checkpoint(path, cfg: ControlConfig, progress: bool = True, threads: int | None = None) -> dict:
-    """Load a checkpoint of a control family and evaluate it in closed loop (`threads`: see torch_threads)."""
-    from . import checkpoint
+def run_checkpoint(path, cfg: ControlConfig, progress: bool = True, threads: int | None = None, device="cpu") -> dict:
+    """Load a checkpoint of a control family and evaluate it in closed loop (`threads`: see torch_threads;
+    `device`: where the model's forward passes run, `icrl_interp.devices`; the environments stay numpy)."""
+    from . import checkpoint, devices
 
     config, _ = checkpoint.read(path)
     check(registry.get(config.family).control is not None,
           f"{path} is a {config.family} checkpoint; in-context control needs one of {', '.join(control_families())}")
     cfg.validate()
     check_size(cfg, config, algorithm_for(config, cfg.epsilon))  # refuse an unusable config before loading torch
-    model = checkpoint.load(path)
+    target = devices.resolve(device)
+    model = checkpoint.load(path).to(target)
     with torch_threads(threads):
         return evaluate(model, config, cfg, progress, str(path))
 

@@ -7,6 +7,7 @@ report directory with a one-screen summary.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -42,6 +43,26 @@ def shipped_checkpoints(root: Path = DATA_DIR) -> list[Path]:
     if not root.exists():
         return []
     return sorted(p.parent for p in root.rglob("config.json") if (p.parent / "model.safetensors").exists())
+
+
+def reproduction_lines(paths: list[Path]) -> list[str]:
+    """One line per shipped trained checkpoint: the held-out numbers its training run measured
+    (its final_metrics.json, read through the family's trend series: e.g. SS / IWS / VD, or the relative
+    errors and lazy blocks). Checkpoints without final metrics or a training recipe are left out."""
+    from . import checkpoint
+    from .train import recipe
+
+    lines = []
+    for path in paths:
+        try:
+            metrics = json.loads((path / "final_metrics.json").read_text())
+            family = checkpoint.read(path)[0].family
+            series = recipe(family).trends.series([metrics])
+        except (OSError, ValueError, KeyError, TypeError, IndexError, UserError):
+            continue
+        nums = ", ".join(f"{k} {v[0]:.3g}" for k, v in series.items() if isinstance(v[0], (int, float)))
+        lines.append(f"  {path.name} ({family}, step {metrics.get('step')}): {nums}")
+    return lines
 
 
 def _validate(config: DemoConfig) -> None:
@@ -117,6 +138,10 @@ def run_demo(config: DemoConfig) -> int:
     write_figure_manifest(out, outcome.figures)
     print()
     print(text_table(outcome.results))
+    shipped_lines = reproduction_lines(shipped)
+    if shipped_lines:
+        print("\nshipped reproductions (held-out numbers of their training runs; docs/reproductions.md):")
+        print("\n".join(shipped_lines))
     print(f"\nreport: {out / 'index.html'}  ({len(inputs)} inputs, {outcome.n_failed} failed, "
           f"{time.perf_counter() - t0:.0f} s)")
     for r in outcome.results:

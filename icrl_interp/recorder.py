@@ -18,8 +18,10 @@ import json
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import h5py
 import numpy as np
@@ -27,7 +29,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import layouts, registry
+from . import devices, layouts, registry
 from ._version import __version__
 from .capture import capture, hook_names, parameters, readout_modules, role_points
 from .errors import UserError, one_line
@@ -68,8 +70,12 @@ class RecordSummary:
 class _Buffers:
     """One reusable numpy buffer per hook; the hook copies into it without allocating."""
 
-    def __init__(self, rules: dict[str, HookRule], capacity: int):
+    def __init__(self, rules: dict[str, HookRule], capacity: int, device: torch.device | None = None):
         self.rules, self.capacity = rules, capacity
+        self.device = torch.device("cpu") if device is None else device
+        """Where the activations are: from a GPU they land in pinned host buffers, by non-blocking
+        copies that overlap the rest of the forward pass (`devices.host_empty`); whoever hands the
+        buffers on synchronizes first (`devices.synchronize`)."""
         self.arrays: dict[str, np.ndarray] = {}
         self.views: dict[str, torch.Tensor] = {}
         self.rows: dict[str, int] = {}
@@ -93,14 +99,14 @@ class _Buffers:
             store = _TORCH_DTYPES[rule.dtype] if rule.dtype else t.dtype
             if not store.is_floating_point and t.is_floating_point():
                 store = t.dtype
-            np_dtype = np.int16 if store == torch.bfloat16 else torch.empty(0, dtype=store).numpy().dtype
-            self.arrays[name] = np.empty((self.capacity, *t.shape[1:]), dtype=np_dtype)
-            view = torch.from_numpy(self.arrays[name])
-            self.views[name] = view.view(torch.bfloat16) if store == torch.bfloat16 else view
+            host = devices.host_empty((self.capacity, *t.shape[1:]), store, self.device)
+            # bfloat16 has no numpy dtype: the writer gets its bit patterns as int16
+            self.arrays[name] = (host.view(torch.int16) if store == torch.bfloat16 else host).numpy()
+            self.views[name] = host
             self.source_dtype[name] = str(t.dtype).removeprefix("torch.")
         if tuple(t.shape[1:]) != self.arrays[name].shape[1:]:
             raise UserError(f"hook {name}: activation shape {tuple(t.shape[1:])} changed from {self.arrays[name].shape[1:]}")
-        self.views[name][: t.shape[0]].copy_(t)
+        self.views[name][: t.shape[0]].copy_(t, non_blocking=True)  # synchronous from the CPU
         self.rows[name] = t.shape[0]
 
     def attrs(self, name: str) -> dict:
@@ -188,10 +194,14 @@ def prompt_layout(model: nn.Module, config: CheckpointConfig | None) -> layouts.
     return None
 
 
-def _model_input(batch: dict[str, np.ndarray], dtype: torch.dtype) -> torch.Tensor:
+def _model_input(batch: dict[str, np.ndarray], dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
+    """The model's input of a batch (prompts z in the model's dtype, or a generic model's own input),
+    on `device` (None: the CPU)."""
     if "prompts/z" in batch:
-        return torch.from_numpy(np.ascontiguousarray(batch["prompts/z"])).to(dtype)
-    return torch.from_numpy(np.ascontiguousarray(batch["prompts/input"]))
+        x = torch.from_numpy(np.ascontiguousarray(batch["prompts/z"])).to(dtype)
+    else:
+        x = torch.from_numpy(np.ascontiguousarray(batch["prompts/input"]))
+    return x if device is None else x.to(device)
 
 
 # ------------------------------------------------------- a model's own output
@@ -253,6 +263,8 @@ def random_init_copy(model: nn.Module, seed: int) -> tuple[nn.Module, dict]:
     owns are redrawn N(0, 1/fan_in) (matrices), or set to 1 (gains, `SCALE_NAMES`) or 0 (biases).
     Returns (copy, what was done)."""
     clone = copy.deepcopy(model)
+    home = devices.of(clone)
+    clone.to("cpu")  # drawn from the CPU generator: the same copy whatever device the model is on
     covered: set[int] = set()
     n_reset, redrawn = 0, []
     with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -276,6 +288,7 @@ def random_init_copy(model: nn.Module, seed: int) -> tuple[nn.Module, dict]:
             if callable(init) and hasattr(module, "cfg"):
                 init()
                 n_reset += 1
+    clone.to(home)
     return clone, {"kind": "random-init", "seed": int(seed), "reset_modules": n_reset, "redrawn": redrawn}
 
 
@@ -360,30 +373,82 @@ BASELINES = ("random-init", "none")
 """`record(baseline=...)`: also record the same architecture at random initialization, or not."""
 
 
-def record(
+@dataclass
+class RecordRun:
+    """One run of a model over a prompt source, checked on its first batch (`prepare`): what both sinks
+    of the batch stream need. The HDF5 writer (`record`) appends every batch to a file; live analysis
+    (`icrl_interp.live`) hands batches to the analyzers without writing them."""
+
+    source: PromptSource
+    batch_size: int
+    meta: dict
+    """The recording's root attributes (docs/formats.md, "Recordings")."""
+    statics: dict[str, dict[str, np.ndarray]]
+    """Groups written once: 'params' (the recorded parameters, float64) and 'theta_star'."""
+    run_batch: Callable[[int, tuple], dict]
+    """run_batch(index, probes) -> {dataset path: rows} of batch `index` (activations are views of
+    `probes`' reusable buffers: copy them to keep them past the next batch on the same probes)."""
+    probe_sets: list
+    """Two sets of (model probe, baseline probe): batch i fills set i % 2."""
+    first: dict | None
+    """Batch 0, run before anything was created (None when resuming)."""
+    notes: list
+
+    @property
+    def n_batches(self) -> int:
+        return -(-self.source.n_total // self.batch_size)
+
+    def batch_rows(self, index: int) -> tuple[int, int]:
+        """Prompts [lo, hi) of batch `index`."""
+        return index * self.batch_size, min((index + 1) * self.batch_size, self.source.n_total)
+
+    def dataset_attrs(self, path: str) -> dict:
+        """Attributes of a recorded dataset (activations: stored dtype, source dtype, positions, compression)."""
+        if "acts/" not in path:
+            return {}
+        name = path.split("acts/", 1)[1]
+        # the set a hook has filled (a run resumed at an odd batch has filled only set 1 so far)
+        filled = [probes[0].buffers for probes in self.probe_sets if name in probes[0].buffers.source_dtype]
+        return filled[0].attrs(name)
+
+
+@contextmanager
+def prepare(
     model: nn.Module,
-    out,
     spec: ProbeSpec,
     source: PromptSource,
     batch_size: int = 128,
     resume: bool = False,
     checkpoint_sha256: str = "",
-    progress: bool = True,
     baseline: str = "none",
     baseline_seed: int = 0,
     outputs: str = "auto",
-) -> RecordSummary:
-    """Record `source.n_total` prompts through `model` into the HDF5 file `out`.
+    device=None,
+) -> Iterator[RecordRun]:
+    """Check a run of `model` over `source` and run its first batch; inside the block the model (and its
+    random-init copy) are in eval mode, each module's mode restored on leaving. Arguments as `record`."""
+    target = devices.of(model) if device is None else devices.resolve(device)
+    with _on_device(model, target), _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baseline,
+                                             baseline_seed, outputs, target) as run:
+        yield run
 
-    The model runs in eval mode (each module's mode is restored afterwards). With `baseline='random-init'`
-    the same architecture at random initialization (`random_init_copy`) is recorded on the same prompts
-    under `baseline/`. A model of no registered family also gets its own output (`outputs/model`) and,
-    when it has a readout (role `readout`, or a TransformerLens model's own), the readout of every
-    layer's residual stream (`lens/{l}`). `outputs`: 'require' refuses a model whose output does not fit
-    the task's (`per_prompt_output`), 'auto' records it only when it fits (a note says when not), 'none'
-    never. Everything is checked on the first batch before any file is
-    created, so a refused run leaves nothing behind.
-    """
+
+@contextmanager
+def _on_device(model: nn.Module, device: torch.device) -> Iterator[nn.Module]:
+    """The model on `device` inside the block, moved back where it was on leaving."""
+    home = devices.of(model)
+    if home != device:
+        model.to(device)
+    try:
+        yield model
+    finally:
+        if home != device:
+            model.to(home)
+
+
+@contextmanager
+def _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baseline, baseline_seed, outputs,
+             device: torch.device) -> Iterator[RecordRun]:
     for name, value in (("--tasks", source.n_total), ("--batch-size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise UserError(f"{name} must be a positive integer, got {value!r}")
@@ -414,7 +479,7 @@ def record(
 
     keep_output = foreign and outputs != "none"
     if keep_output and outputs == "auto":
-        keep_output = _output_fits(model, source, width, dtype=_dtype_of(params))
+        keep_output = _output_fits(model, source, width, dtype=_dtype_of(params), device=device)
         if not keep_output:
             notes.append("the model's output does not fit the task's output: not recorded (no outputs/model, no lens)")
             readout = []
@@ -430,6 +495,7 @@ def record(
         x = _model_input(data, dtype)
         if x.is_floating_point() and not torch.isfinite(x).all():
             raise UserError(f"prompts {lo}..{hi - 1} contain NaN or Inf")
+        x = x.to(device)
         result = {f"acts/{n}": None for n in rules}
         strict = outputs == "require"
         result.update(_forward(model, points, probes[0], x, hi - lo, width, keep_output, strict))
@@ -440,12 +506,14 @@ def record(
             result[f"acts/{n}"] = probes[0].buffers.arrays[n][: hi - lo]
             if base_model is not None:
                 result[f"baseline/acts/{n}"] = probes[1].buffers.arrays[n][: hi - lo]
+        devices.synchronize(device)  # the non-blocking copies into the buffers have landed
         return {**result, **data, "prompts/task_id": source.task_ids(lo, hi)}
 
-    probe_sets = [(_Probe(_Buffers(rules, batch_size), lens),
-                   _Probe(_Buffers(rules, batch_size), base_lens) if base_model is not None else None) for _ in range(2)]
+    probe_sets = [(_Probe(_Buffers(rules, batch_size, device), lens),
+                   _Probe(_Buffers(rules, batch_size, device), base_lens) if base_model is not None else None)
+                  for _ in range(2)]
     with _Stochastic(*models):
-        first = None
+        first, readout_info = None, None
         if not resume:
             first = run_batch(0, probe_sets[0])  # every check runs before the file exists
             if lens is not None:
@@ -454,10 +522,6 @@ def record(
                 if diff > 1e-4 * max(1.0, float(np.max(np.abs(first["outputs/model"])))):
                     notes.append(f"the readout applied to the last layer differs from the model's output by {diff:.3g}: "
                                  f"the logit lens is not the model's own readout")
-            else:
-                readout_info = None
-        else:
-            readout_info = None
         meta = {
             "task_family": source.task_family or "", "model": info,
             "layout": layout.to_dict() if layout is not None else None,
@@ -472,27 +536,156 @@ def record(
             meta["readout"] = readout_info
         if base_info is not None:
             meta["baseline"] = base_info
+        statics = {"params": {n: params[n].detach().cpu().double().numpy() for n in param_names},
+                   # theta* of the checkpoint's model for the recorded parameter names (none match a foreign model's)
+                   "theta_star": config.theta_star(param_names) if config is not None else {}}
+        yield RecordRun(source, batch_size, meta, statics, run_batch, probe_sets, first, notes)
+
+
+def record(
+    model: nn.Module,
+    out,
+    spec: ProbeSpec,
+    source: PromptSource,
+    batch_size: int = 128,
+    resume: bool = False,
+    checkpoint_sha256: str = "",
+    progress: bool = True,
+    baseline: str = "none",
+    baseline_seed: int = 0,
+    outputs: str = "auto",
+    device=None,
+    shards: int = 1,
+    workers: int | None = None,
+) -> RecordSummary:
+    """Record `source.n_total` prompts through `model` into the HDF5 file `out`.
+
+    The model runs in eval mode (each module's mode is restored afterwards). With `baseline='random-init'`
+    the same architecture at random initialization (`random_init_copy`) is recorded on the same prompts
+    under `baseline/`. A model of no registered family also gets its own output (`outputs/model`) and,
+    when it has a readout (role `readout`, or a TransformerLens model's own), the readout of every
+    layer's residual stream (`lens/{l}`). `outputs`: 'require' refuses a model whose output does not fit
+    the task's (`per_prompt_output`), 'auto' records it only when it fits (a note says when not), 'none'
+    never. Everything is checked on the first batch before any file is
+    created, so a refused run leaves nothing behind.
+
+    `device`: where the model runs ('cpu', 'cuda', 'auto' or a torch.device; None: where it is); it is
+    moved back afterwards. `shards` > 1 writes that many shard files in parallel processes (`workers`
+    at a time, default: one per shard up to the CPU count) and a master file of virtual datasets at
+    `out` (`icrl_interp.shards`, docs/formats.md "Sharded recordings").
+    """
+    if not isinstance(shards, (int, np.integer)) or isinstance(shards, bool) or shards < 1:
+        raise UserError(f"--shards must be a positive integer, got {shards!r}")
+    if shards > 1:
+        return _record_sharded(model, out, spec, source, batch_size, resume, checkpoint_sha256, progress, baseline,
+                               baseline_seed, outputs, device, int(shards), workers)
+    return _record_file(model, out, spec, source, batch_size, resume, checkpoint_sha256, progress, baseline,
+                        baseline_seed, outputs, device)
+
+
+def _record_file(model, out, spec, source, batch_size, resume, checkpoint_sha256, progress, baseline, baseline_seed,
+                 outputs, device, shard: dict | None = None) -> RecordSummary:
+    """`record` into one file; `shard` (the root attribute of a shard, `shards.shard_meta`) makes it a shard."""
+    with prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baseline, baseline_seed, outputs,
+                 device) as run:
+        meta = run.meta if shard is None else {**run.meta, "shard": shard}
         writer = RecordingWriter(out, meta, resume=resume)
         try:
-            summary = _stream(writer, source, batch_size, rules, params, param_names, config, probe_sets, run_batch,
-                              first, progress)
+            summary = _stream(writer, run, progress)
             path = writer.finish()
         except BaseException:
             writer.close()  # the .partial stays for --resume; the final path is never touched
             raise
     start_at, shapes, bytes_written, seconds = summary
-    return RecordSummary(path, source.n_total, shapes, bytes_written, seconds, start_at, notes)
+    return RecordSummary(path, source.n_total, shapes, bytes_written, seconds, start_at, run.notes)
+
+
+@dataclass
+class ShardSource(PromptSource):
+    """Batches [first_batch, first_batch + n_batches) of another source as a source of their own: batch i
+    of the shard is batch first_batch + i of the whole (same tasks, same task ids), so a shard holds
+    exactly the rows the single-file recording holds there."""
+
+    whole: PromptSource | None = None
+    """The source of the whole run."""
+    first_batch: int = 0
+    """The whole run's index of the shard's first batch."""
+    whole_batch_size: int = 1
+    """Prompts per batch of the whole run."""
+
+    @classmethod
+    def of(cls, whole: PromptSource, first_batch: int, stop_batch: int, batch_size: int) -> "ShardSource":
+        lo, hi = first_batch * batch_size, min(stop_batch * batch_size, whole.n_total)
+        return cls(config=whole.config, arrays=whole.arrays, n_total=hi - lo, seed=whole.seed,
+                   task_note=whole.task_note, sha256=whole.sha256, gamma=whole.gamma, whole=whole,
+                   first_batch=first_batch, whole_batch_size=batch_size)
+
+    @property
+    def first_prompt(self) -> int:
+        return self.first_batch * self.whole_batch_size
+
+    def task_ids(self, start: int, stop: int) -> np.ndarray:
+        return self.whole.task_ids(start + self.first_prompt, stop + self.first_prompt)
+
+    def batch(self, index: int, start: int, stop: int) -> dict[str, np.ndarray]:
+        return self.whole.batch(index + self.first_batch, start + self.first_prompt, stop + self.first_prompt)
+
+
+def _record_sharded(model, out, spec, source, batch_size, resume, checkpoint_sha256, progress, baseline, baseline_seed,
+                    outputs, device, count: int, workers) -> RecordSummary:
+    """`record(shards=count)`: the shards in parallel, then the master (`icrl_interp.shards`)."""
+    from . import shards
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise UserError(f"--batch-size must be a positive integer, got {batch_size!r}")
+    if isinstance(source.n_total, bool) or not isinstance(source.n_total, (int, np.integer)) or source.n_total < 1:
+        raise UserError(f"--tasks must be a positive integer, got {source.n_total!r}")
+    batch_size = int(min(batch_size, source.n_total))
+    ranges = shards.batch_ranges(-(-source.n_total // batch_size), count)
+    out = Path(out)
+    paths = shards.shard_paths(out, count)
+    states = shards.check_outputs(out, paths, resume)
+    target = devices.of(model) if device is None else devices.resolve(device)  # refused once, before any fork
+    metas = [shards.shard_meta(i, count, b0, b0 * batch_size, source.n_total, batch_size)
+             for i, (b0, _) in enumerate(ranges)]
+
+    def one(i: int) -> dict:
+        if states[i] == "done":
+            return shards.check_done(paths[i], metas[i])
+        sub = ShardSource.of(source, *ranges[i], batch_size)
+        s = _record_file(model, paths[i], spec, sub, batch_size, states[i] == "resume", checkpoint_sha256, False,
+                         baseline, baseline_seed, outputs, target, shard=metas[i])
+        return {"n_prompts": s.n_prompts, "bytes": s.bytes_written, "resumed_from": s.resumed_from, "notes": s.notes,
+                "hooks": {k: list(v) for k, v in s.hooks.items()}}
+
+    # forked workers share one CPU model; CUDA cannot be used in a forked child, so a GPU records the
+    # shards one after another (it is the bottleneck either way)
+    workers = workers if target.type == "cpu" else 0
+    bar = tqdm(total=source.n_total, unit="prompt", desc=f"record {count} shards", disable=not progress)
+    t0 = time.perf_counter()
+    try:
+        results = shards.run(one, count, workers, [f"shard {i} ({p})" for i, p in enumerate(paths)],
+                             progress=lambda r: bar.update(r["n_prompts"]))
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - t0
+    shards.write_master(out, paths)
+    notes = list(dict.fromkeys(n for r in results for n in r["notes"]))
+    notes.append(f"{count} shards ({paths[0].name} ...), joined by virtual datasets in {out.name}")
+    return RecordSummary(out, source.n_total, {k: tuple(v) for k, v in results[0]["hooks"].items()},
+                         sum(r["bytes"] for r in results), seconds, sum(r["resumed_from"] for r in results), notes)
 
 
 def _dtype_of(params: dict) -> torch.dtype:
     return next(iter(params.values())).dtype if params else torch.float32
 
 
-def _output_fits(model: nn.Module, source: "PromptSource", width: int | None, dtype: torch.dtype) -> bool:
+def _output_fits(model: nn.Module, source: "PromptSource", width: int | None, dtype: torch.dtype,
+                 device: torch.device | None = None) -> bool:
     """Whether the model's output on two prompts has the task's per-prompt shape."""
     data = source.batch(0, 0, min(2, source.n_total))
     with _Stochastic(model), torch.no_grad():
-        y = model(_model_input(data, dtype))
+        y = model(_model_input(data, dtype, device))
     try:
         per_prompt_output(y, next(iter(data.values())).shape[0], width)
     except UserError:
@@ -517,14 +710,14 @@ def _reference_width(source: "PromptSource") -> int | None:
     return None if ref is None else int(np.prod(np.shape(ref)[1:]))
 
 
-def _stream(writer, source, batch_size, rules, params, param_names, config, probe_sets, run_batch, first, progress):
+def _stream(writer, run: RecordRun, progress: bool):
     """Write every batch from the writer's progress on; returns (start, shapes, bytes, seconds)."""
+    source, batch_size = run.source, run.batch_size
     start_at = writer.n_done
     if start_at % batch_size and start_at != source.n_total:
         raise UserError(f"cannot resume: {start_at} prompts done is not a whole number of batches of {batch_size}")
-    writer.write_static("params", {n: params[n].detach().cpu().double().numpy() for n in param_names})
-    # theta* of the checkpoint's model for the recorded parameter names (none match a foreign model's)
-    writer.write_static("theta_star", config.theta_star(param_names) if config is not None else {})
+    for group, arrays in run.statics.items():
+        writer.write_static(group, arrays)
     bytes_written, t0 = 0, time.perf_counter()
     batches = range(start_at // batch_size, -(-source.n_total // batch_size))
     bar = tqdm(total=source.n_total, initial=start_at, unit="prompt", desc="record", disable=not progress)
@@ -534,11 +727,11 @@ def _stream(writer, source, batch_size, rules, params, param_names, config, prob
     with ThreadPoolExecutor(max_workers=1) as pool:
         try:
             for index in batches:
-                probes = probe_sets[index % 2]
-                data = first if (index == 0 and first is not None) else run_batch(index, probes)
+                probes = run.probe_sets[index % 2]
+                data = run.first if (index == 0 and run.first is not None) else run.run_batch(index, probes)
                 acts = [k for k in data if k.startswith(("acts/", "baseline/acts/"))]
                 bytes_written += sum(data[k].nbytes for k in acts)
-                attrs = {k: probes[0].buffers.attrs(k.split("acts/", 1)[1]) for k in acts}
+                attrs = {k: run.dataset_attrs(k) for k in acts}
                 if pending is not None:
                     pending.result()  # one write in flight at most; re-raises its error
                     bar.update(pending_rows)
@@ -551,8 +744,7 @@ def _stream(writer, source, batch_size, rules, params, param_names, config, prob
             if pending is not None:
                 wait([pending])  # never close the file under a running write
             bar.close()
-    buffers = probe_sets[0][0].buffers
-    shapes = {n: buffers.arrays[n].shape[1:] for n in buffers.arrays} if buffers.arrays else {}
+    shapes = {n: a.shape[1:] for probes in reversed(run.probe_sets) for n, a in probes[0].buffers.arrays.items()}
     return start_at, shapes, bytes_written, time.perf_counter() - t0
 
 
@@ -598,24 +790,34 @@ def spec_for(model: nn.Module, probe=None) -> ProbeSpec:
 
 def record_model(model: nn.Module, task, out, *, task_options: dict | None = None, probe=None, tasks: int = 512,
                  batch_size: int = 128, seed: int = 0, baseline: str = "random-init", prompts=None,
-                 resume: bool = False, progress: bool = True) -> RecordSummary:
+                 resume: bool = False, progress: bool = True, checkpoint_sha256: str = "", device=None,
+                 shards: int = 1, workers: int | None = None) -> RecordSummary:
     """Record any model on a task: `icrl_interp.record` (docs/byom.md).
 
     `task` is a registered family name (with `task_options`: the family's construct options), a
     checkpoint directory or a CheckpointConfig; `prompts` an optional prompt file (.npz / .h5) to record
     on instead of sampling. The model must take the task's prompts z[batch, pos, d_model] and, unless it
     is one of the package's models, return the task's output ([batch, k] or [batch, pos, k]).
+    `device`, `shards`, `workers`: as `record` (where the model runs; shard files in parallel).
     """
+    spec, source = spec_and_source(model, task, task_options=task_options, probe=probe, tasks=tasks, seed=seed,
+                                   prompts=prompts)
+    return record(model, out, spec, source, batch_size=batch_size, resume=resume, progress=progress,
+                  baseline=baseline, outputs="require", checkpoint_sha256=checkpoint_sha256, device=device,
+                  shards=shards, workers=workers)
+
+
+def spec_and_source(model: nn.Module, task, *, task_options: dict | None = None, probe=None, tasks: int = 512,
+                    seed: int = 0, prompts=None) -> tuple[ProbeSpec, PromptSource]:
+    """What `record_model` records `model` with: its probe spec (`spec_for`) and the prompts (`prompts`,
+    a prompt file, else `tasks` prompts sampled from `task` under `seed`)."""
     if not isinstance(model, nn.Module):
         raise UserError(f"record needs a torch.nn.Module, got {type(model).__name__}")
     config = task_of(task, task_options)
     spec = spec_for(model, probe)
     if prompts is not None:
-        source = load_prompt_file(prompts, config, prompt_layout(model, config))
-    else:
-        source = PromptSource(config=config, n_total=tasks, seed=seed)
-    return record(model, out, spec, source, batch_size=batch_size, resume=resume, progress=progress,
-                  baseline=baseline, outputs="require")
+        return spec, load_prompt_file(prompts, config, prompt_layout(model, config))
+    return spec, PromptSource(config=config, n_total=tasks, seed=seed)
 
 
 # ------------------------------------------------------------- user prompts

@@ -35,6 +35,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Iterator
+from typing import Any, Protocol, runtime_checkable
 
 import h5py
 import numpy as np
@@ -53,6 +54,8 @@ CHUNK_MIN, CHUNK_MAX = 10 * 1024, 1024 * 1024
 BF16 = "bfloat16"
 INTEGRITY = "integrity"
 """Root attribute: SHA-256 of each HDF5 global heap collection (docs/formats.md, Recordings)."""
+SHARDS = "shards"
+"""Root attribute of a master file: JSON list of its shard files (docs/formats.md, "Sharded recordings")."""
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 HDF5_ERRORS = (OSError, KeyError, RuntimeError)
 """What h5py raises for corrupt metadata (opening a file, an object, visiting a group)."""
@@ -271,6 +274,13 @@ def check_sealed(f: h5py.File, path) -> None:
                                 "string attributes, changed since it was written)")
 
 
+def integrity_digest(f: h5py.File) -> str:
+    """SHA-256 of a file's `INTEGRITY` attribute (it changes whenever the file is rewritten): how a
+    master file names the exact shard it was made from."""
+    raw = f.attrs.get(INTEGRITY, b"")
+    return hashlib.sha256(raw if isinstance(raw, bytes) else str(raw).encode()).hexdigest()
+
+
 def _reason(e: BaseException) -> str:
     """HDF5's complaint, one line."""
     lines = str(e).strip().splitlines()
@@ -290,7 +300,7 @@ class RecordingWriter:
     """
 
     IDENTITY = ("schema", "task_family", "model", "probe_spec", "checkpoint_sha256", "seed", "batch_size",
-                "source_sha256", "n_total")
+                "source_sha256", "n_total", "shard")
     OPTIONAL_IDENTITY = ("n_total",)
     """Identity keys that partial files of older versions lack (then not compared)."""
 
@@ -506,6 +516,16 @@ def open_checked(path) -> h5py.File:
     return f
 
 
+@runtime_checkable
+class Rows(Protocol):
+    """What the reader needs of a dataset: an h5py.Dataset, or a live one (`icrl_interp.live`)."""
+
+    shape: tuple
+    attrs: Any
+
+    def __getitem__(self, key): ...
+
+
 class Recording:
     """Lazy read access to a finished recording. Use as a context manager or call close().
 
@@ -538,13 +558,53 @@ class Recording:
 
         # Read every object header, attribute and chunk index now: HDF5 checksums them, so
         # corrupt metadata fails here, in milliseconds, not halfway through an analysis.
+        referenced: set[str] = set()
+
         def touch(_, obj):
             for key in obj.attrs:
                 obj.attrs[key]
             if isinstance(obj, h5py.Dataset) and obj.chunks:
                 obj.id.get_num_chunks()
+            if isinstance(obj, h5py.Dataset) and obj.is_virtual:
+                referenced.update(vs.file_name for vs in obj.virtual_sources())
 
         self.f.visititems(touch)
+        self._check_shards(referenced)
+
+    def _check_shards(self, referenced: set[str]) -> None:
+        """A master file (docs/formats.md, "Sharded recordings"): every file its virtual datasets read is
+        a shard it lists, and every shard passes the checks of a recording and is the very file the
+        master was made from (size and `integrity` digest). HDF5 itself would read a missing shard
+        as fill values."""
+        if SHARDS not in self.f.attrs:
+            if referenced:
+                raise UserError(f"{self.path}: its virtual datasets read other files ({', '.join(sorted(referenced))}) "
+                                "but it lists no shards")
+            return
+        listed = self.attr(SHARDS)
+        keys = ("file", "n_prompts", "bytes", "integrity_sha256")
+        if not isinstance(listed, list) or not all(isinstance(e, dict) and all(k in e for k in keys) for e in listed):
+            raise UserError(f"{self.path}: corrupt recording (unreadable {SHARDS} attribute)")
+        names = [e["file"] for e in listed]
+        if any(not isinstance(n, str) or n in ("", ".", "..") or Path(n).name != n for n in names):
+            raise UserError(f"{self.path}: corrupt recording (a shard is not a file name beside it)")
+        stray = sorted(referenced - set(names))
+        if stray:
+            raise UserError(f"{self.path}: its virtual datasets read files that are not its shards: {', '.join(stray)}")
+        for entry in listed:
+            shard = self.path.parent / entry["file"]
+            if not shard.is_file():
+                raise UserError(f"{self.path}: its shard {shard} is missing")
+            try:
+                with Recording(shard) as rec:
+                    same = (os.path.getsize(shard) == entry["bytes"] and rec.n_prompts == entry["n_prompts"]
+                            and integrity_digest(rec.f) == entry["integrity_sha256"])
+            except UserError as e:
+                raise UserError(f"{self.path}: bad shard: {e}") from None
+            if not same:
+                raise UserError(f"{self.path}: its shard {shard} is not the file the master was made from (rewritten "
+                                f"since); delete {self.path.name} and run `record --shards {len(listed)} --resume` "
+                                "to join the shards again")
 
     def __enter__(self):
         return self
@@ -640,16 +700,16 @@ class Recording:
     def shape(self, hook: str) -> tuple[int, ...]:
         return self._act(hook).shape
 
-    def _act(self, hook: str) -> h5py.Dataset:
+    def _act(self, hook: str) -> "Rows":
         if "acts" not in self.f or hook not in self.f["acts"]:
             raise UserError(f"{self.path}: no recorded hook {hook!r} (recorded: {', '.join(self.hooks()) or 'none'})")
         return self.f["acts"][hook]
 
     @staticmethod
-    def _decode(ds: h5py.Dataset, raw: np.ndarray) -> np.ndarray:
+    def _decode(ds: "Rows", raw: np.ndarray) -> np.ndarray:
         return bf16_to_float32(raw) if ds.attrs.get("dtype") == BF16 else raw
 
-    def _rows(self, ds: h5py.Dataset, start: int = 0, stop: int | None = None) -> np.ndarray:
+    def _rows(self, ds: "Rows", start: int = 0, stop: int | None = None) -> np.ndarray:
         try:
             return ds[()] if ds.ndim == 0 else self._decode(ds, ds[start:stop])
         except OSError as e:  # e.g. a chunk address past the end of the file

@@ -83,7 +83,8 @@ def softmax_kernel(
     x = _f64("x", x)
     d = x.shape[-1]
     A11 = np.eye(d) if A11 is None else V.shape("A11", _f64("A11", A11), (d, d))
-    scores = np.einsum("bkd,de,bje->bkj", x[:, :-1], A11, x)  # sources S_0..S_{n-1}, targets S_0..S_n
+    # sources S_0..S_{n-1}, targets S_0..S_n; matmul (BLAS), not a three-operand einsum (a Python-level loop)
+    scores = (x[:, :-1] @ A11) @ np.swapaxes(x, 1, 2)
     scores -= scores.max(axis=1, keepdims=True)
     e = np.exp(scores)
     return e / e.sum(axis=1, keepdims=True)
@@ -116,7 +117,7 @@ def weighted_softmax_td(
         v = values[:, l]
         deltas[:, l] = rewards + gamma * v[:, 1:] - v[:, :-1]
         if l < n_iters:
-            values[:, l + 1] = v + alpha * np.einsum("bk,bkj->bj", deltas[:, l], K)
+            values[:, l + 1] = v + alpha * (deltas[:, l, None, :] @ K)[:, 0]
     return SoftmaxTDTrace(values=values, td_errors=deltas, kernel=K)
 
 

@@ -103,6 +103,10 @@ class BlockFit:
     """(parameter, row range, column range) of Y."""
     names: tuple[str, str]
     """Names of X and Y in the output (e.g. 'P12', 'V21')."""
+    y_unread: tuple[str, ...] = ()
+    """Blocks among Y's rows that write a part of the output no readout and no later layer reads (e.g.
+    the constant entry of SARSA's w~ = [1; w]): no loss sees those rows, so they are not identifiable.
+    They are left out of the headline fit and reported apart (`unidentifiable` in the weights section)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,9 @@ class Hints:
     """Feature block of a softmax score: the population kernel M_pi is computed from A[block, block]."""
     value_error_label: str = "value error ‖v_l − v_π‖_∞ (reward units)"
     """What `value_error` measures for this family (figure axis label)."""
+    algorithm: str | None = None
+    """The candidate algorithm (`icrl_interp.candidates`) theta* runs: the verdict's known answer on theta*
+    (docs/verdict.md); None: not one of the candidates."""
 
 
 @dataclass
@@ -258,6 +265,7 @@ def check_family(family: Family) -> None:
         for name, rows, cols in (h.weight_fit.x, h.weight_fit.y):
             names.append(name)
             blocks += _range_blocks(rows) + _range_blocks(cols)
+        blocks += list(h.weight_fit.y_unread)
     elif isinstance(h.weight_fit, ValueRowFit):
         names += [h.weight_fit.score, h.weight_fit.value, *h.weight_fit.extra]
         blocks += [h.weight_fit.row, *h.weight_fit.columns]

@@ -74,3 +74,45 @@ def se_tolerance(p: np.ndarray, counts: np.ndarray, k: float = 5.0) -> np.ndarra
 def support(M: np.ndarray) -> set[tuple[int, int]]:
     """Indices of the nonzero entries of a matrix."""
     return {tuple(ix) for ix in np.argwhere(M != 0)}
+
+
+# ------------------------------------------------------------------ a user's own model (bring your own model)
+from torch import nn  # noqa: E402 - only the model below needs torch
+
+D_IN = 9  # linear-td prompts with d = 4: rows phi, gamma phi', r
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, dropout=0.0):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True, dropout=dropout)
+        self.drop = nn.Dropout(dropout)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        h = self.ln(x)
+        a, _ = self.attn(h, h, h, need_weights=True, average_attn_weights=False)
+        x = x + self.drop(a)
+        return x + self.mlp(x)
+
+
+class Net(nn.Module):
+    """Embedding inside, residual width 16 (not the prompt layout's), a readout head."""
+
+    def __init__(self, layers=2, heads=2, dropout=0.0, d=16, d_in=D_IN):
+        super().__init__()
+        self.embed = nn.Linear(d_in, d)
+        self.blocks = nn.ModuleList(Block(d, heads, dropout) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, z):
+        x = self.embed(z)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.ln_f(x))
+
+
+ROLES = {"resid_post": "blocks.{layer}", "pattern": "blocks.{layer}.attn#1", "readout": ["ln_f", "head"]}
+TASK = {"d": 4, "n": 8, "layers": 2}

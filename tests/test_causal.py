@@ -175,6 +175,122 @@ def test_leace_agrees_with_concept_erasure():
     np.testing.assert_allclose(eraser(torch.from_numpy(X)).numpy(), ours, atol=1e-10)
 
 
+class LinearFeatures(nn.Module):
+    """Fixed features h = z @ E at every position (layer0), output read from them: a model whose feature
+    covariance is set by E (float64: the test runs in the parameter's dtype)."""
+
+    def __init__(self, E: np.ndarray):
+        super().__init__()
+        self.E = nn.Parameter(torch.from_numpy(np.asarray(E, dtype=np.float64)), requires_grad=False)
+        self.layer0 = nn.Identity()
+
+    def forward(self, z):
+        h = self.layer0(z @ self.E)
+        return h[:, -1, :1] + torch.tanh(h[:, :-1]).mean(1)[:, :1]
+
+
+def test_variance_matched_bends_g_to_the_target_variance():
+    """Cov^p g: p = 0 is g itself when g already has the target variance, p = 1 the eraser of the raw
+    concept g.x (LEACE); any reachable target is met; beyond the range, the nearest eigenvector's."""
+    rng = np.random.default_rng(7)
+    Q = np.linalg.qr(rng.standard_normal((5, 5)))[0]
+    lam = np.array([0.01, 0.3, 1.0, 4.0, 50.0])
+    S = (Q * lam) @ Q.T
+    g = causal.random_directions(5, 1, seed=1)[0]
+    unit = lambda v: v / np.linalg.norm(v)  # noqa: E731
+    np.testing.assert_allclose(unit(causal.variance_matched(S, g, g @ S @ g)), g, atol=1e-9)
+    Sg = S @ g
+    np.testing.assert_allclose(unit(causal.variance_matched(S, g, Sg @ Sg / (g @ S @ g), leace=True)), unit(Sg),
+                               atol=1e-9)
+    for target in (0.05, 2.0, 30.0):
+        u = unit(causal.variance_matched(S, g, target))
+        assert causal.erased_variance(S, causal.projection_edit(u)) == pytest.approx(target, rel=1e-9)
+        c = causal.variance_matched(S, g, target, leace=True)
+        assert causal.erased_variance(S, causal.leace_edit(S, c, np.zeros(5))) == pytest.approx(target, rel=1e-9)
+    top = unit(causal.variance_matched(S, g, 1e3))
+    assert abs(top @ Q[:, 4]) == pytest.approx(1.0, abs=1e-9)  # unreachable: the top eigenvector
+
+
+def test_random_erasures_remove_the_variance_the_td_erasure_removes():
+    """Each control draw is as large as the TD erasure (erased variance E||x - edit(x)||^2, checked on the
+    training features themselves), for every method; unmatched unit directions would not be."""
+    E = np.random.default_rng(5).standard_normal((9, 6)) * np.array([30.0, 1, 1, 1, 1, 1])  # one dominant axis
+    cfg = construct.task_config("linear-td", {"layers": 2, "n": 8})
+    st = causal.prepare(LinearFeatures(E), cfg, 0, roles={"resid_post": "layer{layer}"}, tasks=32)
+    X = st.features[st.train_index].reshape(-1, 6)
+    erased = lambda edit: float(np.mean(np.sum((X - edit.apply(X)) ** 2, -1)))  # noqa: E731
+    assert causal.erased_variance(st.cov_x, st.erase("mean")) == pytest.approx(st.std ** 2, rel=1e-10)
+    G = causal.random_directions(6, 6, seed=0)
+    for method in ("mean", "zero", "leace"):
+        td = st.erase(method)
+        target = causal.erased_variance(st.cov_x, td)
+        if method != "zero":  # zero-ablation also moves the mean: its erased variance is the centred part
+            assert erased(td) == pytest.approx(target, rel=1e-9)
+        for g in G:
+            edit = st.erase_random(method, g)
+            assert causal.erased_variance(st.cov_x, edit) == pytest.approx(target, rel=1e-8), method
+    plain = [g @ st.cov_x @ g for g in G]  # what unmatched unit directions would remove
+    assert max(abs(v / st.std ** 2 - 1) for v in plain) > 0.5
+
+
+class LinearReadout(LinearFeatures):
+    """LinearFeatures with a linear readout: out = h_q.w + a.mean_k h_k, so an erasure x -> x - c (b.x - m)
+    of the context columns moves the output by exactly -(a.c) mean_k (b.x_k - m)."""
+
+    def __init__(self, E: np.ndarray, a: np.ndarray):
+        super().__init__(E)
+        self.a = nn.Parameter(torch.from_numpy(np.asarray(a, dtype=np.float64)), requires_grad=False)
+
+    def forward(self, z):
+        h = self.layer0(z @ self.E)
+        return (h[:, -1, :1] + h[:, :-1].mean(1) @ self.a[:, None])
+
+
+def test_random_draws_are_the_matched_erasures_on_a_linear_model():
+    """Known answer: on a linear readout every draw's output change is |a.c| |mean_k (b.x_k - m)| of its
+    variance-matched edit, and the TD erasure's is the same formula with the TD edit."""
+    rng = np.random.default_rng(8)
+    E = rng.standard_normal((9, 6)) * np.array([10.0, 1, 1, 1, 1, 0.1])
+    a = rng.standard_normal(6)
+    cfg = construct.task_config("linear-td", {"layers": 2, "n": 8})
+    model, roles = LinearReadout(E, a), {"resid_post": "layer{layer}"}
+    kw = dict(roles=roles, tasks=32, seed=3)
+    res = causal.causal_test(model, cfg, 0, random_draws=5, bootstrap=50, steer=(), baseline="none", **kw)
+    st = causal.prepare(model, cfg, 0, **kw)
+    X = st.features[st.test_index]
+
+    def change(edit):
+        return np.abs(a @ edit.c) * np.abs((X @ edit.b - edit.m).mean(1))
+
+    G = causal.random_directions(6, 5, seed=3, layer=0)
+    want = [float(change(st.erase_random("mean", g)).mean()) for g in G]
+    np.testing.assert_allclose(res["erasure"]["output_change"]["random"]["draws"], want, rtol=1e-10)
+    assert res["erasure"]["output_change"]["td"]["mean"] == pytest.approx(float(change(st.erase("mean")).mean()),
+                                                                           rel=1e-10)
+    v = res["erasure"]["erased_variance"]
+    assert v["random"] == pytest.approx(v["td"], rel=1e-8) and v["td"] == pytest.approx(st.std ** 2, rel=1e-10)
+
+
+def test_r2_after_says_whether_delta_is_left():
+    """An edit that changes no feature leaves the probe's held-out R^2 exactly; LEACE leaves about 0, and
+    the result reports both (erasure.r2_after)."""
+    E = np.random.default_rng(6).standard_normal((9, 5))
+    E[:, 4] = 0.0  # feature 4 is constant: mean-ablating it changes nothing
+    cfg = construct.task_config("linear-td", {"layers": 2, "n": 8})
+    model, roles = LinearFeatures(E), {"resid_post": "layer{layer}"}
+    st = causal.prepare(model, cfg, 0, roles=roles, tasks=48)
+    assert st.probe["r2_test"] > 0.3
+    idle = causal.projection_edit(np.eye(5)[4], 0.0)
+    assert st.r2_after(idle) == st.probe["r2_test"]
+    assert abs(st.r2_after(st.erase("leace"))) < 0.02
+    assert st.r2_after(st.erase("mean")) < st.probe["r2_test"] - 0.1  # the probe's own readout is gone
+    res = causal.causal_test(model, cfg, 0, roles=roles, method="leace", tasks=48, random_draws=4, bootstrap=50,
+                             steer=(), baseline="none")
+    after = res["erasure"]["r2_after"]
+    assert after["before"] == res["direction"]["r2_test"]
+    assert abs(after["td"]) < 0.02 and after["random"] > after["td"] + 0.1  # random concepts leave more of delta
+
+
 # ------------------------------------------------------------------ the control and the statistics
 def test_random_directions_draw_reproducibly_from_the_seed():
     a, b = causal.random_directions(7, 5, seed=3, layer=1), causal.random_directions(7, 5, seed=3, layer=1)

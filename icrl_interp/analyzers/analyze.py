@@ -1,8 +1,8 @@
 """One call from an input (checkpoint, recording, TL weights) to the analysis JSON contract.
 
 `analyze(path)` returns a dict with schema `icrl_interp.analysis/1` (every field is documented in
-docs/formats.md, "Analysis JSON"); `analyze_many(paths, workers)` runs inputs in parallel processes
-and returns one row per input, a failing input giving a row with an "error" field. A recording is
+docs/formats.md, "Analysis JSON"); `analyze_many(paths, workers)` runs inputs on a scheduler (in this process
+or on a Dask cluster, `cluster`) and returns one row per input, a failing input giving a row with an "error" field. A recording is
 read once, in chunks of prompts whose size is bounded by a memory budget, and every activation
 analyzer is fed from the same chunk, so recordings larger than memory work and analysis costs about
 one read.
@@ -88,6 +88,9 @@ class AnalyzeOptions:
     """Attention head of TransformerLens weights."""
     kernel_matrix_max_states: int = 64
     """Include the task-averaged M_hat in the output when there are at most this many states."""
+    wang_alpha: float | None = None
+    """Step of the L-step batch TD that VD/SS/IWS compare a linear-td model with; None: fitted (the alpha
+    minimising the mean VD over the calibration half of the tasks, as `train` does; docs/analyzers.md)."""
     per_task_max: int = 512
     """Per-task values (value error, kernel diagonality, VD/SS/IWS, readouts: one entry per task id; the
     probes' held-out sums per test task) are included when there are at most this many tasks (null
@@ -299,39 +302,48 @@ def _analyze_recording(path: Path, opts: AnalyzeOptions) -> dict:
     from ..recording import Recording
 
     with Recording(path) as rec:
-        reasons: dict = {}
-        try:
-            config = rec.checkpoint_config
-        except UserError as e:
-            config = None
-            reasons["checkpoint_config"] = str(e)
-        info = rec.model_info
-        subject = Subject(info["family"], info["architecture"], rec.task_family)
-        raw_layout = rec.attr("layout")
-        layout = inputs.layout_from_dict(raw_layout) if raw_layout is not None else None
-        if layout is None and opts.layout is not None:
-            layout = inputs.layout_from_dict(opts.layout)
-        params = {k: np.asarray(v, dtype=np.float64) for k, v in rec.group("params").items()}
-        theta = {k: np.asarray(v, dtype=np.float64) for k, v in rec.group("theta_star").items()}
-        family_w = subject.family
-        if subject.model is None and opts.family and any(".attn.W_" in k for k in params):
-            # a foreign model's TransformerLens heads, read as the score / value maps of --family
-            family_w = registry.get(opts.family).name
-            params = _guard(reasons, "weights", weights.tl_to_family, params, family_w, opts.head) or {}
-            theta = (_guard(reasons, "theta_star", theta_for_layout, family_w, layout, params) or {}
-                     if params and _fits(params, layout) else {})
-        elif not theta and config is not None and subject.model is not None:
-            # recorded without /theta_star: rebuild it
-            theta = _guard(reasons, "theta_star", config.theta_star, list(params)) or {}
-        out = _header(path, "recording", subject, config, layout)
-        n_layers = int(rec.attr("n_layers", 0) or 0) or _layers_from_hooks(rec.hooks())
-        gamma = float(rec.attr("gamma", math.nan))
-        out["n_layers"], out["gamma"] = n_layers, None if math.isnan(gamma) else gamma
-        out["weights"] = None
-        if "weights" not in reasons:  # (a failed conversion of TL heads has said why)
-            out["weights"] = _weights_section(family_w, params, theta, layout, reasons, foreign=subject.model is None)
-        out["activations"] = _guard(reasons, "activations", _activations, rec, subject, layout, params, config,
-                                    n_layers, gamma, opts, reasons, out)
+        return analyze_open(rec, opts)
+
+
+def analyze_open(rec, opts: AnalyzeOptions | None = None, source=None, kind: str = "recording") -> dict:
+    """The analysis of an open recording: a `recording.Recording`, or a `live.LiveRecording` fed by the
+    forward pass (then `source` names the model and `kind` is 'live'; every other field is what the
+    analysis of the recording of the same prompts holds)."""
+    opts = opts or AnalyzeOptions()
+    path = rec.path if source is None else source
+    reasons: dict = {}
+    try:
+        config = rec.checkpoint_config
+    except UserError as e:
+        config = None
+        reasons["checkpoint_config"] = str(e)
+    info = rec.model_info
+    subject = Subject(info["family"], info["architecture"], rec.task_family)
+    raw_layout = rec.attr("layout")
+    layout = inputs.layout_from_dict(raw_layout) if raw_layout is not None else None
+    if layout is None and opts.layout is not None:
+        layout = inputs.layout_from_dict(opts.layout)
+    params = {k: np.asarray(v, dtype=np.float64) for k, v in rec.group("params").items()}
+    theta = {k: np.asarray(v, dtype=np.float64) for k, v in rec.group("theta_star").items()}
+    family_w = subject.family
+    if subject.model is None and opts.family and any(".attn.W_" in k for k in params):
+        # a foreign model's TransformerLens heads, read as the score / value maps of --family
+        family_w = registry.get(opts.family).name
+        params = _guard(reasons, "weights", weights.tl_to_family, params, family_w, opts.head) or {}
+        theta = (_guard(reasons, "theta_star", theta_for_layout, family_w, layout, params) or {}
+                 if params and _fits(params, layout) else {})
+    elif not theta and config is not None and subject.model is not None:
+        # recorded without /theta_star: rebuild it
+        theta = _guard(reasons, "theta_star", config.theta_star, list(params)) or {}
+    out = _header(path, kind, subject, config, layout)
+    n_layers = int(rec.attr("n_layers", 0) or 0) or _layers_from_hooks(rec.hooks())
+    gamma = float(rec.attr("gamma", math.nan))
+    out["n_layers"], out["gamma"] = n_layers, None if math.isnan(gamma) else gamma
+    out["weights"] = None
+    if "weights" not in reasons:  # (a failed conversion of TL heads has said why)
+        out["weights"] = _weights_section(family_w, params, theta, layout, reasons, foreign=subject.model is None)
+    out["activations"] = _guard(reasons, "activations", _activations, rec, subject, layout, params, config,
+                                n_layers, gamma, opts, reasons, out)
     return _finish(out, reasons)
 
 
@@ -413,7 +425,16 @@ def _facts(rec, subject: Subject, layout, n_layers, reasons) -> _Facts | None:
     return _Facts(N, pos, n, hooks, has_tasks, has_ref, labelled, _n_states(rec, has_tasks, labelled), readable)
 
 
-def _wang_stream(rec, subject: Subject, layout, params, config, n_layers, facts: _Facts, reasons, per_task_max: int = 0):
+def _td_preconditioner(config):
+    """The checkpoint's TD preconditioner C (the `C` constant of its family), None (identity) without one."""
+    try:
+        return None if config is None else (config.constants or {}).get("C")
+    except UserError:  # a family this process does not know: no constants to read
+        return None
+
+
+def _wang_stream(rec, subject: Subject, layout, params, config, n_layers, facts: _Facts, reasons, per_task_max: int = 0,
+                 alpha: float | None = None):
     """The VD/SS/IWS accumulator when the recording allows it (else the reason is noted)."""
     f, arch = rec.f, subject.arch
     activation = None if config is None else config.model.activation
@@ -421,17 +442,21 @@ def _wang_stream(rec, subject: Subject, layout, params, config, n_layers, facts:
         reasons["wang_metrics"] = f"not applicable: the model uses activation {activation!r}; VD/SS/IWS need linear attention"
     elif arch is None:
         reasons["wang_metrics"] = "not applicable: needs a model of a known architecture (its value and score parameters)"
-    elif not facts.has_tasks or not all(p in f for p in ("reference/w", "tasks/phi", "tasks/stationary")):
-        reasons["wang_metrics"] = "needs /reference/w and task data (features, stationary distribution)"
+    elif not facts.has_tasks or not all(p in f for p in ("tasks/phi", "tasks/stationary")):
+        reasons["wang_metrics"] = "needs task data (features, stationary distribution)"
     elif any(S.layer_param(params, l, k) is None for l in range(n_layers) for k in (arch.value, arch.score)):
         reasons["wang_metrics"] = f"needs the recorded parameters {arch.value} and {arch.score} of every layer"
+    elif not {"phi", "gamma_phi_next", "reward"} <= set(layout.names):
+        reasons["wang_metrics"] = (f"not applicable: VD/SS/IWS read each prompt's transitions from the layout's blocks "
+                                   f"phi, gamma_phi_next and reward; this layout has {', '.join(layout.names)}")
     elif any(l not in facts.readable for l in range(n_layers)):
         reasons["wang_metrics"] = "needs hook_resid_post of every layer"
     elif any(f[f"acts/blocks.{l}.hook_resid_post"].shape[1] != facts.pos for l in range(n_layers)):
         reasons["wang_metrics"] = "needs hook_resid_post at every position"
     else:
+        C = _td_preconditioner(config)
         return S.WangStream(params, layout, n_layers, facts.pos, value=arch.value, score=arch.score,
-                            per_task_max=per_task_max)
+                            per_task_max=per_task_max, alpha=alpha, C=None if C is None else np.asarray(C, float))
     return None
 
 
@@ -488,7 +513,7 @@ def _activations(rec, subject: Subject, layout, params, config, n_layers, gamma,
     wang = None
     if hints is not None and hints.query_linear:
         wang = _guard(reasons, "wang_metrics", _wang_stream, rec, subject, layout, params, config, n_layers, facts,
-                      reasons, opts.per_task_max)
+                      reasons, opts.per_task_max, opts.wang_alpha)
     population = None
     block = None if model_hints is None else model_hints.population_kernel
     if block is not None and arch is not None and facts.has_tasks and "tasks/phi" in f and params \
@@ -745,17 +770,22 @@ def _row(path: str, options: dict) -> dict:
         return {"schema": SCHEMA, "source": str(path), "error": f"internal error ({type(e).__name__}): {e}"}
 
 
-def analyze_many(paths, workers: int | None = None, options: AnalyzeOptions | None = None) -> list[dict]:
-    """Analyze several inputs (directories expand to the checkpoints / recordings below them) in
-    parallel processes; one row per input, in input order."""
+def analyze_many(paths, workers: int | None = None, options: AnalyzeOptions | None = None,
+                 scheduler: str | None = None) -> list[dict]:
+    """Analyze several inputs (directories expand to the checkpoints / recordings below them); one row
+    per input, in input order. They run on `scheduler` (`cluster.parse_scheduler`: serial, local[:N],
+    tcp://HOST:PORT); None = a local Dask cluster of `workers` processes (None: one per input, at most
+    the CPUs) when there is more than one input, else in this process (docs/cluster.md)."""
+    from ..cluster import choose_scheduler, open_engine
+
     items = inputs.expand_inputs([str(p) for p in paths])
     opts = asdict(options or AnalyzeOptions())
-    workers = min(len(items), workers or os.cpu_count() or 1)
-    if workers <= 1:
+    chosen = choose_scheduler(scheduler, len(items), min(len(items), workers or os.cpu_count() or 1))
+    if chosen.kind == "serial":
         return [_row(p, opts) for p in items]
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    opts["progress"] = False  # bars from several processes would interleave
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        return list(pool.map(_row, items, [opts] * len(items)))
+    # one bar over the inputs in this process: bars from several workers would interleave
+    progress, opts["progress"] = opts.get("progress", False), False
+    with open_engine(chosen) as engine:
+        rows = engine.map(_row, [(p, opts) for p in items], desc="analyzing", progress=progress,
+                          lost=lambda why: f"analysis process died: {why}")
+    return [{"schema": SCHEMA, "source": str(p), "error": r} if isinstance(r, str) else r for p, r in zip(items, rows)]

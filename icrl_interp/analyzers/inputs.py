@@ -31,6 +31,8 @@ CAUSAL_SCHEMA = "icrl_interp.causal/1"
 """Top-level `schema` of a causal JSON (`causal.SCHEMA`, written by `icrl-interp causal --json`)."""
 CAUSAL_MAX_BYTES = 64 << 20
 """A .json file above this size found while scanning a directory is not read (a causal JSON is a few kB)."""
+VERDICT_SCHEMA = "icrl_interp.verdict/1"
+"""Top-level `schema` of a verdict JSON (`analyzers.verdict.SCHEMA`, written by `icrl-interp verdict --json`)."""
 SKIP_DIRS = ("cache",)
 """Directory names never searched (the report's analysis cache); hidden directories are skipped too."""
 
@@ -66,18 +68,30 @@ def input_kind(path) -> str:
     raise UserError(f"{path}: neither a checkpoint directory, an HDF5 recording nor a .safetensors file")
 
 
-def is_causal_json(path) -> bool:
-    """A `.json` file holding a JSON object whose top-level `schema` is exactly `CAUSAL_SCHEMA`
-    (files over CAUSAL_MAX_BYTES and unreadable ones are not)."""
+def json_schema(path) -> str | None:
+    """The top-level `schema` of a `.json` file holding a JSON object (None for files over CAUSAL_MAX_BYTES,
+    unreadable ones and anything else)."""
     path = Path(path)
     try:
         if path.suffix.lower() != ".json" or not path.is_file() or path.stat().st_size > CAUSAL_MAX_BYTES:
-            return False
+            return None
         with open(path, "rb") as f:
             data = json.loads(f.read())
     except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
-        return False
-    return isinstance(data, dict) and data.get("schema") == CAUSAL_SCHEMA
+        return None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    return schema if isinstance(schema, str) else None
+
+
+def is_causal_json(path) -> bool:
+    """A `.json` file holding a JSON object whose top-level `schema` is exactly `CAUSAL_SCHEMA`
+    (files over CAUSAL_MAX_BYTES and unreadable ones are not)."""
+    return json_schema(path) == CAUSAL_SCHEMA
+
+
+def is_verdict_json(path) -> bool:
+    """A `.json` file whose top-level `schema` is exactly `VERDICT_SCHEMA` (`icrl-interp verdict --json`)."""
+    return json_schema(path) == VERDICT_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -90,7 +104,8 @@ class Found:
     """'checkpoint' (a directory), 'file' (a file named on the command line: recording, TL weights or
     junk, `input_kind` tells), 'recording' (an .h5 / .hdf5 file found in a directory), 'causal' (with
     `discover(..., causal=True)`: a causal JSON found in a directory, or any `.json` file named on the
-    command line: the report says why when it is not one) or 'missing'."""
+    command line: the report says why when it is not one), 'verdict' (with `causal`: a verdict JSON found
+    in a directory) or 'missing'."""
     problem: str = ""
     """Why a 'missing' input cannot be analyzed ('does not exist', 'holds no checkpoints or recordings')."""
 
@@ -108,8 +123,10 @@ def _scan(root: Path, causal: bool = False) -> list[Found]:
         for f in sorted(filenames):
             if f.endswith(RECORDING_SUFFIXES):
                 found.append(Found(here / f, "recording"))
-            elif causal and is_causal_json(here / f):  # any other .json found here is not an input
-                found.append(Found(here / f, "causal"))
+            elif causal and f.endswith(".json"):  # any other .json found here is not an input
+                schema = json_schema(here / f)
+                if schema in (CAUSAL_SCHEMA, VERDICT_SCHEMA):
+                    found.append(Found(here / f, "causal" if schema == CAUSAL_SCHEMA else "verdict"))
     return found
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import UserError
 from ..layouts import PromptLayout
 from ..registry import Hints
-from . import convergence, inputs, kernel, td_probe, weights
+from . import convergence, inputs, kernel, td_probe, td_step, weights
 
 
 def mean_or_none(total: float, count: int):
@@ -656,48 +656,47 @@ class KernelStream:
 
 class WangStream:
     """VD, SS and IWS of a linear-attention TD model from its recorded context columns
-    (`value` / `score`: the architecture's parameter names of P and Q)."""
+    (`value` / `score`: the architecture's parameter names of P and Q), against L-step batch TD on each
+    prompt's own transitions at the step of `td_step` (fitted on the calibration half of the tasks, or
+    `alpha` when given; C: TD's preconditioner, identity when None)."""
 
-    def __init__(self, params, layout, n_layers, pos, value: str = "P", score: str = "Q", per_task_max: int = 0):
-        self.per_task = PerTask(("VD", "SS", "IWS"), per_task_max)
+    def __init__(self, params, layout, n_layers, pos, value: str = "P", score: str = "Q", per_task_max: int = 0,
+                 alpha: float | None = None, C=None):
+        self.per_task_max = per_task_max
         self.P = [np.asarray(layer_param(params, l, value), dtype=np.float64) for l in range(n_layers)]
         self.Q = [np.asarray(layer_param(params, l, score), dtype=np.float64) for l in range(n_layers)]
-        self.layout, self.L, self.n = layout, n_layers, pos - 1
-        self.sums = {"VD": 0.0, "SS": 0.0, "IWS": 0.0}
-        self.count = 0
+        self.layout, self.L, self.n, self.C = layout, n_layers, pos - 1, C
+        self.evaluation = td_step.WangEvaluation(n_layers, alpha)
         self.residual = 0.0
 
     def paths(self) -> list[str]:
-        return ["prompts/z", "reference/w", "tasks/phi", "tasks/stationary"] + [
+        return ["prompts/z", "tasks/phi", "tasks/stationary"] + [
             f"acts/blocks.{l}.hook_resid_post" for l in range(self.L)]
 
     def update(self, data: dict) -> None:
-        ctx = [data["prompts/z"][:, : self.n]] + [
+        z = data["prompts/z"]
+        ctx = [z[:, : self.n]] + [
             data[f"acts/blocks.{l}.hook_resid_post"][:, : self.n].astype(np.float64) for l in range(self.L - 1)]
         w_tf = convergence.linear_td_query_weights(ctx, self.P, self.Q, self.layout)
         # the implicit weight must reproduce the recorded output at the real query
-        phi_q = data["prompts/z"][:, -1, self.layout.slice("phi")]
+        phi_q = z[:, -1, self.layout.slice("phi")]
         out = self.layout.readout(data[f"acts/blocks.{self.L - 1}.hook_resid_post"].astype(np.float64))[:, 0]
         self.residual = max(self.residual, float(np.max(np.abs((phi_q * w_tf).sum(-1) - out) / (1 + np.abs(out)))))
-        w_td = data["reference/w"][:, self.L]
+        lay = self.layout
+        coef = td_step.td_weight_polynomial(z[:, : self.n, lay.slice("phi")], z[:, : self.n, lay.slice("gamma_phi_next")],
+                                            z[:, : self.n, lay.slice("reward")][..., 0], self.L, self.C)
         phi, mu = data["tasks/phi"], data["tasks/stationary"]
-        grad_tf = np.broadcast_to(w_tf[:, None, :], phi.shape)
-        grad_td = np.broadcast_to(w_td[:, None, :], phi.shape)
-        v_tf, v_td = np.einsum("bsd,bd->bs", phi, w_tf), np.einsum("bsd,bd->bs", phi, w_td)
-        m = convergence.vd_ss_iws(v_tf, v_td, grad_tf, grad_td, phi, mu, w_td)
-        for k in self.sums:
-            ok = np.isfinite(m[k])
-            self.sums[k] += float(m[k][ok].sum())
-        self.count += phi.shape[0]
-        if TASK_KEY in data:
-            self.per_task.update(data[TASK_KEY], **m)
+        task = data[TASK_KEY] if TASK_KEY in data else np.arange(phi.shape[0])
+        self.evaluation.update(task, np.einsum("bsd,bd->bs", phi, w_tf), np.broadcast_to(w_tf[:, None, :], phi.shape),
+                               coef, phi, mu)
 
     def result(self, tol: float) -> tuple[dict | None, str | None]:
         if self.residual > tol:
             return None, (f"not applicable: the model is not linear in the query (implicit weight misses the recorded output by "
                           f"{self.residual:.2g}); VD/SS/IWS need a linear-attention model")
-        res = {k: v / self.count for k, v in self.sums.items()}
+        res, per_prompt = self.evaluation.result()
         res["query_map_residual"] = self.residual
-        res["n_tasks"] = self.count
-        res["per_task"] = self.per_task.result()
+        per_task = PerTask(("VD", "SS", "IWS"), self.per_task_max)
+        per_task.update(per_prompt.pop("task_id"), **per_prompt)
+        res["per_task"] = per_task.result()
         return res, None

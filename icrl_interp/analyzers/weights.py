@@ -328,10 +328,28 @@ def _block_fit(spec: BlockFit, hints: Hints, get, layout: PromptLayout) -> dict 
         return None
     rx, cx = block_range(spec.x[1], layout), block_range(spec.x[2], layout)
     ry, cy = block_range(spec.y[1], layout), block_range(spec.y[2], layout)
-    fit = manifold_fit(X[0][rx, cx], X[1][rx, cx], Y[0][ry, cy], Y[1][ry, cy], spec.names)
+    unread = {i for b in spec.y_unread for i in range(*layout.slice(b).indices(layout.d_model))}
+    rows = np.array([i for i in range(ry.start, ry.stop) if i not in unread], dtype=np.int64)
+    fit = manifold_fit(X[0][rx, cx], X[1][rx, cx], Y[0][rows, cy], Y[1][rows, cy], spec.names)
+    if unread:
+        fit["unidentifiable"] = {spec.names[1]: unidentifiable_rows(spec, Y, ry, cy, fit["scale"], layout)}
     if hints.wang_summary:
         fit["pq_summary"] = pq_summary(X[0], Y[0], layout)
     return fit
+
+
+UNREAD_REASON = ("these rows write a part of the output that no readout reads, so no loss sees them and they keep "
+                 "whatever value they start with: not identifiable, left out of rel_err")
+"""Why `BlockFit.y_unread` rows are reported apart (docs/analyzers.md, "Scaling manifold")."""
+
+
+def unidentifiable_rows(spec: BlockFit, Y, ry: slice, cy: slice, c: float, layout: PromptLayout) -> dict:
+    """The `unidentifiable` entry of Y: its unread row blocks, their norm, and the relative error of all of
+    Y's rows at the c fitted on the identifiable ones (what rel_err would be if they counted)."""
+    unread = np.concatenate([np.arange(*layout.slice(b).indices(layout.d_model)) for b in spec.y_unread])
+    return {"row_blocks": list(spec.y_unread), "reason": UNREAD_REASON,
+            "norm": float(np.linalg.norm(Y[0][unread, cy])),
+            "rel_err_all_rows": rel_err(Y[0][ry, cy], Y[1][ry, cy] / c)}
 
 
 def _value_row_fit(spec: ValueRowFit, get, layout: PromptLayout) -> dict | None:
@@ -416,6 +434,8 @@ def analyze_weights(family: str | registry.Family | Hints, params: dict[str, np.
         last = per_layer[-1]
         manifold = {"scale": last["scale"], "rel_err": last["rel_err"], "gauge_cosine": last["gauge_cosine"],
                     "layer": last["layer"], "per_layer": per_layer}
+        if "unidentifiable" in last:
+            manifold["unidentifiable"] = last["unidentifiable"]
         if "value_row_cosine" in last:
             manifold["value_row_cosine"] = last["value_row_cosine"]
         pattern = last.get("sign_pattern")

@@ -4,19 +4,36 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import task_options
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..analyzers import AnalyzeOptions
     from ..cli_fields import add_fields
 
-    p.add_argument("inputs", nargs="+", metavar="INPUT",
-                   help="checkpoint directory, HDF5 recording, TL .safetensors weights, or a directory of them")
+    p.add_argument("inputs", nargs="*", metavar="INPUT",
+                   help="checkpoint directory, HDF5 recording, TL .safetensors weights, or a directory of them "
+                        "(with --live: checkpoint directories, or none with --model)")
     p.add_argument("--json", metavar="OUT.json", help="write the analysis here (one object, or a list for several inputs)")
-    p.add_argument("--workers", type=int, default=None, help="parallel processes (default: one per input, at most the CPUs)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes of the local Dask cluster (default: one per input, at most the CPUs)")
+    p.add_argument("--scheduler", default=None, metavar="SCHEDULER",
+                   help="where the inputs are analyzed: serial, local, local:N or tcp://HOST:PORT of a running Dask "
+                        "scheduler (default: local:WORKERS for more than one input, else serial; see docs/cluster.md)")
     p.add_argument("--layout", metavar="LAYOUT.json",
                    help="prompt layout file: how to read a generic recording's residual stream (value error; alone) "
                         "and how to cut TL weights into blocks (with --family)")
     p.set_defaults(_fields=add_fields(p, AnalyzeOptions, skip=("layout",), aliases={"probe_max_tasks": ("--probe-tasks",)}))
+    live = p.add_argument_group("live analysis (--live: run the model and analyze its batches; nothing is written "
+                                "but the JSON)")
+    live.add_argument("--live", action="store_true",
+                      help="run each checkpoint (or --model on --task) and feed the analyzers from the forward pass: "
+                           "the analysis of the recording `record` would write, without writing it")
+    task_options.add_prompts(live, seed_flag="--prompt-seed")
+    from .. import devices
+
+    devices.add_argument(live)
+    task_options.add(p)
 
 
 def status_of(row: dict) -> tuple[str, str]:
@@ -60,7 +77,8 @@ def table(rows: list[dict]) -> str:
                              f"{_fmt(L.get('reference_value_error')):>8}")
             wm = acts.get("wang_metrics")
             if wm:
-                lines.append(f"   VD {_fmt(wm['VD'])}, SS {_fmt(wm['SS'], '.4f')}, IWS {_fmt(wm['IWS'], '.4f')}")
+                lines.append(f"   VD {_fmt(wm['VD'])}, SS {_fmt(wm['SS'], '.4f')}, IWS {_fmt(wm['IWS'], '.4f')} "
+                             f"(batch TD at alpha {_fmt(wm.get('alpha'), '.4g')}, {wm.get('alpha_source', 'recorded')})")
             lines += _readout_lines(acts.get("readouts"))
         for k, why in (r.get("skipped") or {}).items():
             lines.append(f"   skipped {k}: {why}")
@@ -99,6 +117,10 @@ def run(args) -> int:
     values = {"progress": sys.stderr.isatty(), **given(args, args._fields)}
     if args.workers is not None and args.workers < 1:
         raise UserError("--workers must be at least 1")
+    if args.scheduler is not None:
+        from ..cluster import parse_scheduler
+
+        parse_scheduler(args.scheduler)  # a bad value fails before any work
     if values.get("seed", 0) < 0:
         raise UserError(f"--seed must be a non-negative integer, got {values['seed']}")
     head = values.get("head", 0)
@@ -111,17 +133,30 @@ def run(args) -> int:
         raise UserError("--chunk-mib must be positive")
     if values.get("family") is not None:
         registry.get(values["family"])  # one line naming the known families
+    if values.get("wang_alpha") is not None and not values["wang_alpha"] >= 0:
+        raise UserError(f"--wang-alpha must be a non-negative TD step, got {values['wang_alpha']}")
     if values.get("probe_max_tasks", 0) < 0:
         raise UserError("--probe-tasks must be >= 0 (0 = all tasks)")
     values["layout"] = read_layout_file(args.layout).to_dict() if args.layout else None
     opts = build(AnalyzeOptions, values)
     check_finite(opts)
-    if args.json is not None:
+    if args.live:
+        if args.json is not None:
+            output_file(args.json, "--json", inputs=[*args.inputs, *task_options.input_files(args)])
+        rows = _live_rows(args, opts)
+    elif args.model is not None or args.task is not None or args.weights is not None:
+        raise UserError("--model, --task and --weights analyze a model live: add --live (or record it first)")
+    elif not args.inputs:
+        raise UserError("give at least one INPUT (checkpoint, recording, TL weights or a directory of them), "
+                        "or --live with --model FILE.py:FUNC --task FAMILY")
+    else:
+        rows = None
+    if args.json is not None and not args.live:
         output_file(args.json, "--json", inputs=[*args.inputs, *([args.layout] if args.layout else [])])
-    rows = analyze_many(args.inputs, workers=args.workers, options=opts)
+    rows = rows if rows is not None else analyze_many(args.inputs, workers=args.workers, options=opts, scheduler=args.scheduler)
     print(table(rows))
     if args.json:
-        write_json(args.json, rows[0] if len(rows) == 1 and len(args.inputs) == 1 else rows)
+        write_json(args.json, rows[0] if len(rows) == 1 and len(args.inputs) <= 1 else rows)
     failed = [r for r in rows if "error" in r]
     for r in failed:
         print(f"icrl-interp analyze: error: {r['source']}: {r['error']}", file=sys.stderr)
@@ -129,3 +164,37 @@ def run(args) -> int:
     for r, why in empty:
         print(f"icrl-interp analyze: nothing analyzed: {r['source']}: {why}", file=sys.stderr)
     return 2 if failed or empty else 0
+
+
+def _live_rows(args, opts) -> list[dict]:
+    """One live analysis per checkpoint (its own task), or of --model on --task."""
+    from .. import checkpoint
+    from ..analyzers.from_model import analyze_model
+    from ..analyzers.inputs import is_checkpoint
+    from ..errors import UserError
+
+    if args.model is not None and args.inputs:
+        raise UserError(f"give either checkpoint directories ({args.inputs[0]}) or --model, not both")
+    from .. import devices
+
+    devices.resolve(args.device)  # refused before any model is loaded
+    run_args = dict(probe=args.probe, tasks=args.tasks, batch_size=args.batch_size, seed=args.prompt_seed,
+                    baseline=args.baseline, prompts=args.prompts, options=opts, progress=opts.progress,
+                    device=args.device)
+    if args.model is not None:
+        model, config, name = task_options.model_and_task(args)
+        return [analyze_model(model, config, name=name, **run_args)]
+    if args.task is not None or args.weights is not None:
+        raise UserError("--task and --weights go with --model; a checkpoint brings its own task and weights")
+    if not args.inputs:
+        raise UserError("--live needs checkpoint directories, or --model FILE.py:FUNC with --task FAMILY")
+    task_options.values(args)  # task options without --task are refused
+    rows = []
+    for path in args.inputs:
+        if not is_checkpoint(path):
+            raise UserError(f"{path}: --live runs checkpoint directories (model.safetensors + config.json); "
+                            "analyze recordings without --live")
+        config = checkpoint.read(path)[0]
+        rows.append(analyze_model(checkpoint.load(path), config, name=str(path),
+                                  checkpoint_sha256=checkpoint.sha256(path), **run_args))
+    return rows

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from .. import devices
 from . import task_options
 
 
@@ -21,7 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(resid_post), before it (resid_pre), the attention output, or the last query row of the "
                    "attention scores (default: the family's primary TD probe hook; resid_post for your own model)")
     p.add_argument("--method", choices=METHODS, default="mean", help="erasure: mean-ablation of the projection "
-                   "(mean), LEACE linear erasure (leace) or zero-ablation of the projection (zero) (default: mean)")
+                   "on the direction (mean), LEACE linear erasure of delta (leace) or zero-ablation of the "
+                   "projection (zero); the result's r2_after says how much of delta each edit left decodable "
+                   "(default: mean)")
     p.add_argument("--direction", choices=DIRECTIONS, default="probe", help="the TD direction: a ridge probe fitted "
                    "on training tasks (probe), or the construction's (construction; the package's models only)")
     p.add_argument("--tasks", type=int, default=256, help="tasks sampled, one prompt each (default: 256)")
@@ -42,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe", help="probe spec TOML whose [roles] map resid_post (resid_pre, attn_out) to your "
                    "model's modules (not needed for TransformerLens models)")
     p.add_argument("--json", metavar="OUT.json", help="write the result here (icrl_interp.causal/1)")
+    devices.add_argument(p, "the model (and its random-init copy) run")
     p.add_argument("--figure", metavar="OUT.png", help="draw the output change against the random directions, "
                    "the steering curve and (with the baseline) the trained model against its random-init copy")
     task_options.add(p)
@@ -68,6 +72,10 @@ def table(section: dict) -> str:
         e = section["erasure"][key]
         lines.append(f"{label:24}{_fmt(e['td']):32}{_fmt(e['random']):32}"
                      f"{_fmt(e.get('ratio'), 'value') if 'ratio' in e else '—':22}{_fmt(e['cohen_d'], 'value')}")
+    after = section["erasure"].get("r2_after")
+    if after:
+        lines.append(f"{'erase: probe R² after':24}{r2(after.get('td')):32}{r2(after.get('random')):32}"
+                     f"(unedited {r2(after.get('before'))}; ≈ 0: the edit left no δ to read linearly)")
     for point in section["steering"]:
         lines.append(f"{'steer s=' + format(point['scale'], 'g') + ': |Δ output|':24}"
                      f"{_fmt({'mean': point['td']['change'], 'ci': point['td']['ci']}):32}"
@@ -115,7 +123,9 @@ def run(args) -> int:
         output_file(args.json, "--json", inputs=inputs, suffixes=(".json",))
     if args.figure:
         output_file(args.figure, "--figure", inputs=inputs, suffixes=(".png", ".svg"))
+    device = devices.resolve(args.device)  # refused before the model is loaded
     model, config, source = task_options.model_and_task(args)
+    model.to(device)
     section = causal_test(model, config, args.layer, method=args.method, hook=args.hook, probe=args.probe,
                           direction=args.direction, tasks=args.tasks, test_fraction=args.test_fraction,
                           seed=args.seed, random_draws=args.random_draws, steer=args.steer,

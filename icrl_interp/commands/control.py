@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from .. import devices
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..cli_fields import add_fields
@@ -16,6 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="OUT", help="write the full result (table, tracking, curves) as JSON, atomically")
     p.add_argument("--figure", metavar="PNG", help="also plot return vs update (teacher, transformer, random, oracle)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    devices.add_argument(p, "the model's forward passes run")
     p.set_defaults(_fields=add_fields(p, ControlConfig, aliases={"iterations": ("--steps",)}))
 
 
@@ -39,7 +42,8 @@ def run(args) -> int:
         output_file(args.figure, "--figure", inputs=inputs, suffixes=(".png",))
         if args.json is not None and Path(args.json).resolve() == Path(args.figure).resolve():
             raise UserError("--json and --figure name the same file; give two names")
-    result = control.run_checkpoint(args.checkpoint, cfg, progress=not args.no_progress)
+    devices.resolve(args.device)  # refused before any work
+    result = control.run_checkpoint(args.checkpoint, cfg, progress=not args.no_progress, device=args.device)
     print(control.format_table(result))
     if args.json:
         print(f"wrote {control.write_json(result, args.json)}")

@@ -37,6 +37,10 @@ def run(args) -> int:
     if config.max_recordings < 0:
         raise UserError(f"--max-recordings must be non-negative, got {config.max_recordings}")
     config.control()  # bad --control-* values fail before any work
+    if config.scheduler is not None:
+        from ..cluster import parse_scheduler
+
+        parse_scheduler(config.scheduler)  # a bad value fails before any work
     for found in discover(args.inputs, causal=True):
         if found.kind == "missing":
             raise UserError(f"input {found.path} {found.problem}; check the path (nothing was written)")

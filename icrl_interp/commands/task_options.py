@@ -28,6 +28,21 @@ def add(p: argparse.ArgumentParser) -> None:
     p.set_defaults(_task_fields=fields)
 
 
+def add_prompts(p: argparse._ActionsContainer, seed_flag: str = "--seed") -> None:
+    """How a model is run on its task (`record`, `analyze --live`): probe spec, prompts, batches, baseline.
+    `seed_flag` names the sampler's seed (`analyze` keeps --seed for its task split)."""
+    p.add_argument("--probe", help="probe spec TOML (default: the model family's spec in probes/, or the "
+                   "TransformerLens spec; your own module needs one with [roles])")
+    p.add_argument("--tasks", type=int, default=512, help="number of prompts (one task each) to sample")
+    p.add_argument("--batch-size", type=int, default=128, help="prompts per forward pass")
+    p.add_argument(seed_flag, dest="prompt_seed", type=int, default=0, help="seed of the task sampler")
+    p.add_argument("--prompts", help="run on these prompts (.npz or .h5 with z [N, pos, d_model]; may carry "
+                   "task_id, gamma, tasks_* and reference_* arrays) instead of sampling")
+    p.add_argument("--baseline", choices=("random-init", "none"), default="random-init",
+                   help="also run the same architecture at random initialization on the same prompts, "
+                   "the probes' baseline (default: random-init)")
+
+
 def values(args) -> dict:
     """The task options the user gave, checked against the chosen family's."""
     from ..cli_fields import given

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 
+from .. import devices
 from ..cli_fields import add_fields, given
 
 SKIP = ("family",)
@@ -25,6 +26,7 @@ def _general(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
     p.add_argument("--export", metavar="DIR", help="after training, copy the final checkpoint + metrics + config to DIR")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: fastest for these tiny matmuls)")
+    devices.add_argument(p, "the training steps run (the evaluation runs on the CPU)")
 
 
 class FamilyParser(argparse.ArgumentParser):
@@ -159,6 +161,7 @@ def run(args) -> int:
 
     if not 1 <= args.threads <= 1024:
         raise UserError(f"--threads must be between 1 and 1024, got {args.threads}")
+    devices.resolve(args.device)
     cfg = config_from_args(args)
     check_finite(cfg)
     if cfg.seed < 0:
@@ -171,7 +174,8 @@ def run(args) -> int:
             raise UserError(f"--export {args.export} is the run directory (--out); export to another directory")
         output_dir(args.export, "--export", inputs=[args.out], replaces=True)
     check_disk(cfg, args.out)
-    result = train(cfg, args.out, progress=not args.no_progress, evaluate=not args.no_eval, threads=args.threads)
+    result = train(cfg, args.out, progress=not args.no_progress, evaluate=not args.no_eval, threads=args.threads,
+                   device=args.device)
     if result.resumed_from:
         print(f"resumed from step {result.resumed_from}")
     print(f"run directory: {result.run_dir}")

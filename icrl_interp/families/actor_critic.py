@@ -292,6 +292,7 @@ FAMILY = registry.register(registry.Family(
     hints=registry.Hints(
         output="parameters",
         output_blocks=("w", "lam"),
+        algorithm="actor_critic",
         primary_probe=("attn.hook_attn_scores", "hook_resid_post"),
         weight_fit=sarsa.FAMILY.hints.weight_fit,
         lazy_from="param_one",

@@ -160,6 +160,7 @@ FAMILY = registry.register(registry.Family(
     hints=registry.Hints(
         output="query",
         td_direction={"reward": 1.0},
+        algorithm="td0",
         weight_fit=registry.BlockFit(x=("P", ":", ":"), y=("Q", ":", ":"), names=("P", "Q")),
         query_linear=True,
         wang_summary=True,

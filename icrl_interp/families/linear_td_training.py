@@ -4,8 +4,9 @@
 * Objectives: 'mstde', the semi-gradient mean squared TD error over sliding windows,
   delta_t = r(s_q^t) + gamma * stopgrad(v(Z_{t+1})) - v(Z_t); 'msve': (v(Z_t) - v_true(s_q^t))^2.
 * Init: `models.build_model`'s (gain / L per untied layer, as Wang et al.'s code).
-* Evaluation: VD, SS, IWS against L-step batch TD(0) whose step alpha fits best (1-D search) on
-  separate calibration tasks ((c) co-trains that alpha instead), and (c)'s P/Q summaries.
+* Evaluation: VD, SS, IWS against L-step batch TD(0) at the step alpha fitted exactly on the calibration
+  half of the tasks (`analyzers.td_step`, the definition `analyze` uses too; (c) co-trains that alpha
+  instead), and (c)'s P/Q summaries.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .. import envs, reference
-from ..analyzers import convergence, weights
+from .. import envs
+from ..analyzers import td_step, weights
 from ..errors import check
 from ..models import ModelConfig
 from ..train.config import TrainConfig
@@ -155,14 +156,11 @@ OBJECTIVES = {"mstde": mstde, "msve": msve}
 
 # --------------------------------------------------------------- evaluation
 def _eval_set(cfg: LinearTDTrainConfig, rng: np.random.Generator, tasks: int):
-    """Tasks with one context each, every state's features in the query of a copy of it."""
+    """Tasks with one context each: the chains and their (phi, phi_next, rewards) transitions."""
     mrp = envs.sample_boyan_chains(tasks, cfg.n_states, cfg.d, cfg.gamma, rng=rng)
     traj = mrp.sample(cfg.n, rng)
-    S, rows = cfg.n_states, np.arange(tasks)[:, None]
-    phi, phi_next = mrp.phi[rows, traj.states[:, :-1]], mrp.phi[rows, traj.states[:, 1:]]
-    rep = lambda a: np.repeat(a, S, axis=0)  # noqa: E731  one prompt per (task, query state)
-    p = prompt(rep(phi), rep(phi_next), rep(traj.rewards), mrp.phi.reshape(tasks * S, cfg.d), cfg.gamma)
-    return mrp, (phi, phi_next, traj.rewards), p.z
+    rows = np.arange(tasks)[:, None]
+    return mrp, (mrp.phi[rows, traj.states[:, :-1]], mrp.phi[rows, traj.states[:, 1:]], traj.rewards)
 
 
 def _values_and_grads(model, z: Array, S: int, d: int) -> tuple[Array, Array]:
@@ -173,46 +171,40 @@ def _values_and_grads(model, z: Array, S: int, d: int) -> tuple[Array, Array]:
     return v.detach().double().numpy().reshape(-1, S), grad[:, -1, :d].double().numpy().reshape(-1, S, d)
 
 
-def _td_weights(context, cfg: LinearTDTrainConfig, alpha: float) -> Array:
-    phi, phi_next, rewards = context
-    tr = reference.batch_td(phi, phi_next, rewards, np.zeros((phi.shape[0], cfg.d)), cfg.gamma, alpha, cfg.n_layers)
-    return tr.w[:, -1]
+def evaluate_tasks(model, gamma: float, context, phi_states: Array, mu: Array, task_ids: Array,
+                   v_true: Array | None = None, alpha: float | None = None) -> dict:
+    """Wang et al.'s VD / SS / IWS of `model` on given tasks, by `analyzers.td_step`'s definition (the one
+    `icrl-interp analyze` uses): batch TD with as many steps as the model has layers, at the step fitted on
+    the calibration half of the tasks (by task id) or `alpha`; metrics on the other half.
 
-
-def fit_alpha(v_tf: Array, mrp: envs.MRPBatch, context, cfg: LinearTDTrainConfig) -> float:
-    """The step alpha of L-step batch TD whose values are closest (d_pi-weighted) to v_tf."""
-    mu = mrp.stationary()
-
-    def vd(alpha: float) -> float:
-        v_td = np.einsum("bsd,bd->bs", mrp.phi, _td_weights(context, cfg, alpha))
-        return float(np.mean(np.sum(mu * (v_tf - v_td) ** 2, -1)))
-
-    grid = np.geomspace(1e-2, 1e2, 81)
-    best = grid[int(np.argmin([vd(a) for a in grid]))]
-    fine = np.geomspace(best / 1.13, best * 1.13, 41)
-    return float(fine[int(np.argmin([vd(a) for a in fine]))])
+    context = (phi, phi_next, rewards) [tasks, n(, d)] of each task's prompt; every state's features are put
+    in the query of a copy of it (v_tf and its query gradient by autograd, not assuming linearity)."""
+    phi, phi_next, rewards = (np.asarray(a, dtype=np.float64) for a in context)
+    (B, S, d), L = phi_states.shape, model.config.n_layers
+    rep = lambda a: np.repeat(a, S, axis=0)  # noqa: E731  one prompt per (task, query state)
+    z = prompt(rep(phi), rep(phi_next), rep(rewards), phi_states.reshape(B * S, d), gamma).z
+    v_tf, g_tf = _values_and_grads(model, z, S, d)
+    coef = td_step.td_weight_polynomial(phi, gamma * phi_next, rewards, L)
+    ev = td_step.WangEvaluation(L, alpha)
+    ev.update(task_ids, v_tf, g_tf, coef, phi_states, mu)
+    res, _ = ev.result()
+    out = {"alpha_fit": res["alpha"], **{k: res[k] for k in ("alpha_source", "VD", "SS", "IWS", "n_tasks")}}
+    if v_true is not None:
+        keep = np.ones(B, dtype=bool) if alpha is not None else ~td_step.calibration_tasks(task_ids)
+        v_td = np.einsum("bsd,bd->bs", phi_states, td_step.weights_at(coef, res["alpha"]))
+        for name, v in (("msve_tf", v_tf), ("msve_td", v_td)):
+            out[name] = float(np.mean(np.sum(mu * (v - v_true) ** 2, -1)[keep]))
+    return out
 
 
 def evaluate(model, cfg: LinearTDTrainConfig, rng: np.random.Generator) -> dict:
-    """alpha_fit, VD/SS/IWS (task means), the MSVE of the model and of batch TD, and P/Q summaries per layer."""
-    S, d = cfg.n_states, cfg.d
-    cal_mrp, cal_ctx, cal_z = _eval_set(cfg, rng, cfg.eval_tasks)
-    alpha = fit_alpha(_values_and_grads(model, cal_z, S, d)[0], cal_mrp, cal_ctx, cfg)
-    mrp, ctx, z = _eval_set(cfg, rng, cfg.eval_tasks)
-    v_tf, g_tf = _values_and_grads(model, z, S, d)
-    w_td = _td_weights(ctx, cfg, alpha)
-    v_td = np.einsum("bsd,bd->bs", mrp.phi, w_td)
-    mu, v_true = mrp.stationary(), mrp.values()
-    g_td = np.broadcast_to(w_td[:, None, :], g_tf.shape)  # v_td = w_td . phi_q: the same gradient at every state
-    m = convergence.vd_ss_iws(v_tf, v_td, g_tf, g_td, mrp.phi, mu, w_td)
+    """`evaluate_tasks` on `eval_tasks` fresh tasks (ids 0..eval_tasks-1: about half calibrate the TD step, the
+    rest are scored), the MSVE of the model and of batch TD, and P/Q summaries per layer."""
+    mrp, ctx = _eval_set(cfg, rng, cfg.eval_tasks)
+    out = evaluate_tasks(model, cfg.gamma, ctx, mrp.phi, mrp.stationary(), np.arange(cfg.eval_tasks), mrp.values())
     layers = range(1 if cfg.tied else cfg.n_layers)
-    return {
-        "alpha_fit": alpha,
-        **{k: float(np.mean(v)) for k, v in m.items()},
-        "msve_tf": float(np.mean(np.sum(mu * (v_tf - v_true) ** 2, -1))),
-        "msve_td": float(np.mean(np.sum(mu * (v_td - v_true) ** 2, -1))),
-        "layers": [weights.pq_summary(param(model, l, "P"), param(model, l, "Q"), model.layout) for l in layers],
-    }
+    out["layers"] = [weights.pq_summary(param(model, l, "P"), param(model, l, "Q"), model.layout) for l in layers]
+    return out
 
 
 def trend_series(rows: list[dict]) -> dict[str, list[float]]:

@@ -300,9 +300,11 @@ FAMILY = registry.register(registry.Family(
     hints=registry.Hints(
         output="parameters",
         output_blocks=("w",),
+        algorithm="batch_sarsa",
         primary_probe=("attn.hook_attn_scores", "hook_resid_post"),
+        # V21's param_one row writes the constant entry of w~ = [1; w], which nothing reads out
         weight_fit=registry.BlockFit(x=("P", ":param_one", "param_one:"), y=("V", "param_one:", ":param_one"),
-                                     names=("P12", "V21")),
+                                     names=("P12", "V21"), y_unread=("param_one",)),
         lazy_from="param_one",
         value_error_label="distance to the teacher update ‖TF(H) − w_SARSA‖",
     ),

@@ -148,6 +148,7 @@ FAMILY = registry.register(registry.Family(
     hints=registry.Hints(
         output="positions",
         value_block="current_mem",
+        algorithm="softmax_td",
         td_direction={"reward": 1.0, "target_mem": 1.0, "current_mem": -1.0},
         weight_fit=registry.ValueRowFit(score="A", value="V", row="current_mem",
                                         columns=("reward", "target_mem", "current_mem"), extra=("V_target",)),

@@ -44,7 +44,11 @@ class ReportConfig:
     """Options of `build_report` (the CLI flags)."""
 
     workers: int = 1
-    """Parallel analysis processes (1 = in this process; the CLI's default is min(4, CPUs))."""
+    """Parallel analysis processes (1 = in this process; the CLI's default is min(4, CPUs)): without
+    --scheduler, more than one input to analyze runs on a local Dask cluster of this many worker processes."""
+    scheduler: str | None = None
+    """Where the analyses run: serial, local, local:N or tcp://HOST:PORT of a running Dask scheduler
+    (docs/cluster.md); default: local:WORKERS when more than one input is left to analyze, else serial."""
     analyzer: str = DEFAULT_ANALYZER
     """'module:function' taking a path and returning an icrl_interp.analysis/1 dict."""
     use_cache: bool = True
@@ -76,8 +80,9 @@ class ReportConfig:
         return ControlSettings(mdps=self.control_mdps, iterations=self.control_steps)
 
 
-def build_report(inputs: list, out_dir, config: ReportConfig | None = None) -> ReportOutcome:
-    """Collect, analyze (cached, parallel), then write summaries, figures and the page."""
+def build_report(inputs: list, out_dir, config: ReportConfig | None = None, engine=None) -> ReportOutcome:
+    """Collect, analyze (cached, on `engine` when the caller holds one open, else on the config's
+    scheduler), then write summaries, figures and the page."""
     from .figures import make_figures
     from .html import render
     from .td_probes import write_tables as write_probe_tables
@@ -88,7 +93,8 @@ def build_report(inputs: list, out_dir, config: ReportConfig | None = None) -> R
     out_dir.mkdir(parents=True, exist_ok=True)
     items = collect_inputs(inputs)
     results = run_batch(items, out_dir, workers=config.workers, analyzer=config.analyzer,
-                        use_cache=config.use_cache, progress=config.progress, control=control)
+                        use_cache=config.use_cache, progress=config.progress, control=control,
+                        scheduler=config.scheduler, engine=engine)
     write_summaries(results, out_dir)
     write_probe_tables(results, out_dir)  # td_probes.csv, td_probe_tasks.csv
     figures = make_figures(results, out_dir, svg=config.svg, max_recordings=config.max_recordings,

@@ -1,5 +1,5 @@
-"""Collect report inputs, analyze them in parallel processes with a content-hash cache, and
-write `summary.json` / `summary.csv` (one flat row per input).
+"""Collect report inputs, analyze them on a scheduler (`cluster`: serial, a local Dask cluster or a
+running one) with a content-hash cache, and write `summary.json` / `summary.csv` (one flat row per input).
 
 Inputs are checkpoints (a directory with `config.json` + `model.safetensors`), recordings (an
 HDF5 file), causal JSON files (`icrl-interp causal --json`, schema `icrl_interp.causal/1`) or any
@@ -14,14 +14,12 @@ Sarsa / actor-critic checkpoints also get a closed-loop control evaluation in th
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import csv
 import hashlib
 import importlib
 import io
 import json
 import math
-import multiprocessing
 import os
 import re
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from collections.abc import Callable
 from .. import outputs
 from .._version import __version__
 from ..analyzers import inputs
+from ..cluster import Engine, engine_for
 from ..errors import UserError, one_line
 from ..files import write_atomic
 from .control_eval import CURVE_KEY, ControlSettings, wants_control
@@ -94,6 +93,8 @@ class Result:
     causal: dict | None = None
     """A causal input's document {"schema", "source", "causal": section} (`read_causal`); None otherwise
     (a causal input has no `analysis`)."""
+    verdict: dict | None = None
+    """A verdict input's document (`icrl_interp.verdict/1`, `read_verdict`); None otherwise."""
 
     @property
     def analyzed(self) -> bool:
@@ -117,6 +118,11 @@ class Result:
         self.causal = doc
         self.status, self.reasons = causal_status(doc)
 
+    def set_verdict(self, doc: dict) -> None:
+        """Take a verdict JSON document (`read_verdict`) and its status (`verdict_status`)."""
+        self.verdict = doc
+        self.status, self.reasons = verdict_status(doc)
+
     @property
     def causal_section(self) -> dict:
         """The `causal` section of a causal input ({} for other inputs)."""
@@ -125,6 +131,10 @@ class Result:
 
     @property
     def family(self) -> str:
+        if self.verdict is not None:  # the task's family; prompts of no known task are 'generic'
+            task = self.verdict.get("task")
+            fam = task.get("family") if isinstance(task, dict) else None
+            return str(fam) if fam else "generic"
         if self.causal is not None:  # the tested model's family; a model of your own is 'generic'
             model = self.causal_section.get("model")
             fam = model.get("family") if isinstance(model, dict) else None
@@ -246,8 +256,8 @@ def collect_inputs(paths: list[str | os.PathLike]) -> list[ReportInput]:
     for f in inputs.discover([os.path.abspath(p) for p in paths], causal=True):
         if f.kind == "missing":
             out.append(ReportInput(f.path, "missing", problem=f.problem))
-        elif f.kind == "causal":
-            out.append(ReportInput(f.path, "causal"))
+        elif f.kind in ("causal", "verdict"):  # a .json named on the command line: routed by its schema
+            out.append(ReportInput(f.path, "verdict" if inputs.is_verdict_json(f.path) else f.kind))
         elif f.kind == "checkpoint":
             out.append(_checkpoint_input(f.path))
         else:  # a recording, or a file the analyzer will name the problem of
@@ -367,19 +377,50 @@ def causal_status(doc: dict) -> tuple[str, str]:
 
 
 def _causal_job(item: ReportInput, r: Result, cache_dir: Path, use_cache: bool) -> None:
-    """Read a causal input into `r` (from the cache when its hash is there); a bad file fails the row."""
-    cached = load_cached(cache_dir, r.sha256, CAUSAL_READER) if use_cache else None
+    """Read a causal (or verdict) input into `r` (from the cache when its hash is there); a bad file fails the row."""
+    reader, read, take = ((VERDICT_READER, read_verdict, r.set_verdict) if item.kind == "verdict" else
+                          (CAUSAL_READER, read_causal, r.set_causal))
+    cached = load_cached(cache_dir, r.sha256, reader) if use_cache else None
     if cached is not None:
         r.cached = True
-        r.set_causal(cached)
+        take(cached)
         return
     try:
-        doc = read_causal(item.path)
+        doc = read(item.path)
     except Exception as e:  # noqa: BLE001 - a bad file is a failed row, the batch goes on
         r.status, r.error = "failed", one_line(e)
         return
-    r.set_causal(doc)
-    store_cached(cache_dir, r.sha256, CAUSAL_READER, doc)
+    take(doc)
+    store_cached(cache_dir, r.sha256, reader, doc)
+
+
+# ------------------------------------------------------------------ verdict JSON
+VERDICT_READER = "icrl_interp.report.batch:read_verdict"
+"""What a verdict JSON's cache entry records as its analyzer."""
+
+
+def read_verdict(path) -> dict:
+    """A verdict JSON file (`icrl-interp verdict --json`), JSON-normalised; a one-line UserError when it is not one."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except OSError as e:
+        raise UserError(f"cannot read: {e.strerror or e}") from None
+    except ValueError as e:
+        raise UserError(f"not a verdict JSON file: not valid JSON ({one_line(e)})") from None
+    if not isinstance(data, dict) or data.get("schema") != inputs.VERDICT_SCHEMA:
+        raise UserError(f"not a verdict JSON file: expected an object with schema {inputs.VERDICT_SCHEMA!r}")
+    for key in ("layers", "output", "verdict", "candidates"):
+        if key not in data:
+            raise UserError(f"a verdict JSON file without its {key!r} field")
+    return json.loads(dumps(data))
+
+
+def verdict_status(doc: dict) -> tuple[str, str]:
+    """('ok' | 'nothing analyzed', reason) of a verdict document: ok when it holds a verdict text."""
+    v = doc.get("verdict") if isinstance(doc, dict) else None
+    if not isinstance(v, dict) or not isinstance(v.get("text"), str):
+        return "nothing analyzed", "the verdict JSON holds no verdict"
+    return "ok", ""
 
 
 # ------------------------------------------------------------------ analysis
@@ -424,8 +465,13 @@ def run_batch(
     use_cache: bool = True,
     progress: bool = True,
     control: ControlSettings | None = ControlSettings(),
+    scheduler: str | None = None,
+    engine: Engine | None = None,
 ) -> list[Result]:
-    """Hash every input, reuse cached analyses, analyze the rest (in `workers` processes when > 1).
+    """Hash every input, reuse cached analyses, analyze the rest on `engine`, else on `scheduler`
+    (`cluster.choose_scheduler`: None = a LocalCluster of `workers` processes when > 1 and more than
+    one input is left to analyze, else in this process). Each analysis is cached by this process as
+    it arrives, so a report stopped half way (or a worker lost) keeps what was done (docs/cluster.md).
 
     With enabled `control` settings (default: ReportConfig's, 20 MDPs x 200 updates; None or 0 MDPs
     disables), sarsa / actor-critic checkpoints also get a closed-loop control evaluation in the
@@ -450,7 +496,7 @@ def run_batch(
             except OSError as e:
                 results.append(Result(item, "failed", error=f"cannot read: {e.strerror or e}"))
                 continue
-            if item.kind == "causal":  # read, not analyzed: no worker needed
+            if item.kind in ("causal", "verdict"):  # read, not analyzed: no worker needed
                 results.append(Result(item, "pending", sha256=sha))
                 _causal_job(item, results[-1], cache_dir, use_cache)
                 continue
@@ -476,23 +522,11 @@ def run_batch(
             prefix = f"{r.input.path}: "
             r.status, r.error = "failed", str(value)[len(prefix):] if str(value).startswith(prefix) else str(value)
 
-    with _progress(len(todo), "analyzing", progress) as bar:
-        if workers <= 1 or len(todo) <= 1:
-            for i in todo:
-                finish(i, *analyze_job(analyzer, str(results[i].input.path), controls.get(i)))
-                bar.update()
-        else:
-            # spawn, not fork: the parent may hold threads (BLAS, torch) that fork would copy mid-lock
-            ctx = multiprocessing.get_context("spawn")
-            with cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
-                futures = {pool.submit(analyze_job, analyzer, str(results[i].input.path), controls.get(i)): i
-                           for i in todo}
-                for fut in cf.as_completed(futures):
-                    try:
-                        finish(futures[fut], *fut.result())
-                    except Exception as e:  # a worker died (out of memory, killed): that input failed
-                        finish(futures[fut], "failed", f"analysis process died: {one_line(e)}")
-                    bar.update()
+    jobs = [(analyzer, str(results[i].input.path), controls.get(i)) for i in todo]
+    with engine_for(engine, scheduler, len(todo), workers) as eng:
+        # a task whose workers kept dying (out of memory, killed) fails its row; the batch goes on
+        eng.map(analyze_job, jobs, desc="analyzing", progress=progress, on_result=lambda k, v: finish(todo[k], *v),
+                lost=lambda why: ("failed", f"analysis process died: {why}"))
     return results
 
 
@@ -535,6 +569,13 @@ def summary_row(r: Result) -> dict:
         "gamma": meta.get("gamma"),
         "context_length": meta.get("context_length"),
     }
+    if r.verdict is not None:
+        v = r.verdict
+        row["task_family"] = (v.get("task") or {}).get("family")
+        row["context_length"] = (v.get("task") or {}).get("n")
+        row["verdict.source"] = v.get("source")
+        for key, value in flatten(v["verdict"], "verdict").items():
+            row[key] = value
     if r.causal is not None:
         section = r.causal_section
         task = section.get("task") if isinstance(section.get("task"), dict) else {}

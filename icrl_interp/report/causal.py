@@ -138,9 +138,13 @@ def _short(verdict: str) -> str:
 
 def write_figure(section: dict, path, title: str = "") -> Path:
     """The figure as a PNG (or SVG by suffix), written atomically without date metadata."""
+    return save(figure(section, title), path)
+
+
+def save(fig: Figure, path) -> Path:
+    """Write a figure as a PNG (or SVG by suffix), atomically, without date metadata."""
     path = Path(path)
     fmt = "svg" if path.suffix.lower() == ".svg" else "png"
-    fig = figure(section, title)
     FigureCanvasAgg(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path, suffix=f".{fmt}") as tmp:

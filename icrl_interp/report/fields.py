@@ -48,10 +48,10 @@ def is_theta_star(r: Result) -> bool:
 
 def label_of(r: Result) -> str:
     """Short human name: θ*, 'run @ step N', or the file / directory name; '[rec]' marks recordings,
-    '[causal]' causal JSON files."""
+    '[causal]' causal JSON files, '[verdict]' verdict JSON files."""
     meta = r.input.meta
-    if r.input.kind == "causal":
-        return f"{r.input.path.stem} [causal]"
+    if r.input.kind in ("causal", "verdict"):
+        return f"{r.input.path.stem} [{r.input.kind}]"
     name = r.input.path.stem if r.input.kind == "recording" else r.input.path.name
     tag = " [rec]" if r.input.kind == "recording" else ""
     if is_theta_star(r):

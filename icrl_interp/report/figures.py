@@ -52,7 +52,7 @@ class FigureInfo:
     error: str = ""
     """Why the figure could not be drawn ('' when it was)."""
     section: str = "family"
-    """Where the page shows it: 'family' (the section of `family`) or 'causal' (the causal tests)."""
+    """Where the page shows it: 'family' (the section of `family`), 'causal' (the causal tests) or 'verdict'."""
 
 
 # ------------------------------------------------------------------ small helpers
@@ -645,7 +645,7 @@ def make_figures(results: list[Result], report_dir: Path, svg: bool = False, max
                 old.unlink()
     by_family: dict[str, list[Result]] = defaultdict(list)
     for r in results:
-        if r.analyzed and r.causal is None:  # causal inputs have their own figure (below)
+        if r.analyzed and r.causal is None and r.verdict is None:  # causal / verdict inputs: their own figures
             by_family[r.family].append(r)
     infos: list[FigureInfo] = []
 
@@ -677,10 +677,14 @@ def make_figures(results: list[Result], report_dir: Path, svg: bool = False, max
         if len(recs) > max_recordings:
             infos.append(FigureInfo(family, f"{_slug(family)}-attention-more", "More recordings",
                                     f"{len(recs) - max_recordings} further recordings not drawn (raise --max-recordings)."))
-    for i, r in enumerate(r for r in results if r.causal is not None and r.analyzed):
-        info = FigureInfo(r.family, causal_key(i, r), f"Causal test: {label_of(r)}", CAUSAL_CAPTION, section="causal")
+    own = [(r, FigureInfo(r.family, causal_key(i, r), f"Causal test: {label_of(r)}", CAUSAL_CAPTION, section="causal"))
+           for i, r in enumerate(r for r in results if r.causal is not None and r.analyzed)]
+    own += [(r, FigureInfo(r.family, f"verdict-{i:03d}-{_slug(r.family)}-{r.sha256[:8]}", f"Algorithm verdict: {label_of(r)}",
+                           VERDICT_CAPTION, section="verdict"))
+            for i, r in enumerate(r for r in results if r.verdict is not None and r.analyzed)]
+    for r, info in own:
         try:
-            info.files = causal_figure(r, fig_dir, info.key, svg)
+            info.files = (causal_figure if info.section == "causal" else verdict_figure)(r, fig_dir, info.key, svg)
         except Exception as e:  # noqa: BLE001 - as above
             info.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             if log:
@@ -708,14 +712,34 @@ def causal_key(i: int, r: Result) -> str:
     return f"causal-{i:03d}-{_slug(r.family)}-l{layer}-{_slug(str(s.get('method') or 'x'))}-{r.sha256[:8]}"
 
 
+VERDICT_CAPTION = (
+    "From the verdict JSON (icrl-interp verdict): left, the held-out R² of the model's update at each layer (and of "
+    "its output) by each candidate algorithm at its fitted step size and step, with 95% bootstrap intervals over "
+    "held-out tasks and the input baseline (dashed); right, the fitted step k per layer of the candidates that win "
+    "somewhere. Good evidence for an algorithm: its R² near 1 at every layer with an interval clear of the "
+    "runner-up's, and k growing one step per layer (docs/verdict.md).")
+
+
+def verdict_figure(r: Result, fig_dir: Path, key: str, svg: bool) -> list[str]:
+    """The verdict's figure (`report.verdict.write_figure`) as `<key>.png` (and `.svg`)."""
+    from .verdict import write_figure
+
+    return _document_figure(write_figure, r.verdict, r, fig_dir, key, svg)
+
+
 def causal_figure(r: Result, fig_dir: Path, key: str, svg: bool) -> list[str]:
     """The causal section's figure (`report.causal.write_figure`) as `<key>.png` (and `.svg`); paths relative
     to the report directory."""
     from .causal import write_figure
 
+    return _document_figure(write_figure, r.causal_section, r, fig_dir, key, svg)
+
+
+def _document_figure(write_figure, doc: dict, r: Result, fig_dir: Path, key: str, svg: bool) -> list[str]:
+    """write_figure(doc, target, title) as `<key>.png` (and `.svg`); paths relative to the report directory."""
     files = []
     for ext in ("png", "svg") if svg else ("png",):
         target = fig_dir / f"{key}.{ext}"
-        write_figure(r.causal_section, target, title=f"{r.input.path.stem} ({r.family})")
+        write_figure(doc, target, title=f"{r.input.path.stem} ({r.family})")
         files.append(f"{fig_dir.name}/{target.name}")
     return files

@@ -192,6 +192,10 @@ def text_table(results: list[Result], width: int = 28) -> str:
     causal = causal_text(results, width)
     if causal:
         lines += ["", causal]
+    verdicts = [r for r in results if r.verdict is not None and r.analyzed]
+    if verdicts:
+        lines += ["", "algorithm verdicts (held-out behaviour R², docs/verdict.md):"]
+        lines += [f"  {label_of(r)}: {r.verdict['verdict']['text']}" for r in verdicts]
     failed = [r for r in results if r.status != "ok"]
     if failed:
         lines.append("")

@@ -162,6 +162,32 @@ def _causal_section(rows: list[Result], figures: list[FigureInfo], report_dir: P
     return "\n".join(out)
 
 
+VERDICT_ANCHOR = "algorithm-verdicts"
+
+
+def _verdict_section(rows: list[Result], figures: list[FigureInfo], report_dir: Path, embed: bool) -> str:
+    """The verdict JSON inputs: per input its verdict table (`report.verdict.html_table`), then the figures."""
+    from .verdict import html_table
+
+    out = [f'<h2 id="{VERDICT_ANCHOR}">Algorithm verdicts</h2>',
+           f'<p class="muted">{len(rows)} verdict JSON inputs (<code>icrl-interp verdict --json</code>).</p>']
+    for r in rows:
+        out.append(f"<h3>{escape(r.input.path.stem)} ({escape(r.family)})</h3>")
+        if r.verdict is None or r.status != "ok":
+            out.append(f'<p class="err">{escape(str(r.input.path))}: {escape(r.status)}: '
+                       f"{escape(r.error or r.reasons)}</p>")
+            continue
+        out.append(html_table(r.verdict))
+    out.append('<p class="caption">Per layer and for the model\'s output: the candidate algorithm with the largest held-out '
+               "R² of the model's update (its step size and step fitted on training tasks), the runner-up and the "
+               "paired margin with its 95% bootstrap interval over held-out tasks; \"none fits\" when no candidate "
+               "beats the input baseline and R² 0.5. Probes' top: the candidate whose internal quantity the residual "
+               "stream holds most selectively; causal top: the one whose erasure moves the output most above random "
+               "directions (needs the model). Every number: summary.csv columns <code>verdict.*</code>.</p>")
+    out += [_figure(info, report_dir, embed) for info in figures if info.section == "verdict"]
+    return "\n".join(out)
+
+
 def _anchor(family: str) -> str:
     return "family-" + "".join(c if c.isalnum() else "-" for c in family)
 
@@ -171,7 +197,8 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
     """The page as a string (images must already be written when `embed` is true)."""
     report_dir = Path(report_dir)
     causal = [r for r in results if r.input.kind == "causal"]
-    analyses = [r for r in results if r.input.kind != "causal"]
+    verdicts = [r for r in results if r.input.kind == "verdict"]
+    analyses = [r for r in results if r.input.kind not in ("causal", "verdict")]
     families = sorted({r.family for r in analyses})
     counts = Counter((r.family, r.analyzed) for r in analyses)
     n_failed = sum(r.failed for r in results)
@@ -193,7 +220,8 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
         f"icrl_interp {escape(__version__)}. Machine-readable: "
         '<a href="summary.json">summary.json</a>, <a href="summary.csv">summary.csv</a>.</p>',
         "<nav>" + "".join(f'<a href="#{_anchor(f)}">{escape(f)}</a>' for f in families)
-        + (f'<a href="#{CAUSAL_ANCHOR}">causal tests</a>' if causal else "") + "</nav>",
+        + (f'<a href="#{CAUSAL_ANCHOR}">causal tests</a>' if causal else "")
+        + (f'<a href="#{VERDICT_ANCHOR}">algorithm verdicts</a>' if verdicts else "") + "</nav>",
         "<h2>Overview</h2><table><thead><tr><th class=\"l\">family</th><th>inputs</th><th>analyzed</th><th>failed</th>"
         "</tr></thead><tbody>",
     ]
@@ -230,5 +258,7 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
         out.append(_not_computed(members))
     if causal:
         out.append(_causal_section(causal, figures, report_dir, embed))
+    if verdicts:
+        out.append(_verdict_section(verdicts, figures, report_dir, embed))
     out.append("</body></html>\n")
     return "\n".join(out)

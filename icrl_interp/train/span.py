@@ -50,7 +50,7 @@ def project_updates(named: dict[str, Tensor], before: dict[str, Tensor], proj: F
     with torch.no_grad():
         for name, p in named.items():
             kind = name.rsplit(".", 1)[-1]
-            pr = proj.to(p.dtype)
+            pr = proj.to(p.device, p.dtype)
             if kind == "P":
                 p[one, :] = before[name][one, :] + pr @ (p[one, :] - before[name][one, :])
             elif kind == "V":

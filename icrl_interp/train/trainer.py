@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import devices
 from ..errors import UserError, check, one_line
 from ..files import atomic_dir, write_atomic
 from .config import TrainConfig, config_from_dict
@@ -108,8 +109,8 @@ def save_checkpoint(run_dir: Path, model, opt: torch.optim.Optimizer, cfg: Train
         for p in group["params"]:
             state = opt.state.get(p, {})
             if state:
-                tensors[f"{names[id(p)]}.exp_avg"] = state["exp_avg"].contiguous()
-                tensors[f"{names[id(p)]}.exp_avg_sq"] = state["exp_avg_sq"].contiguous()
+                tensors[f"{names[id(p)]}.exp_avg"] = state["exp_avg"].contiguous().cpu()
+                tensors[f"{names[id(p)]}.exp_avg_sq"] = state["exp_avg_sq"].contiguous().cpu()
                 counts[names[id(p)]] = float(state["step"])
     with atomic_dir(final) as tmp:  # trainer_state.json marks a complete checkpoint: it is written last
         checkpoint.save(model, extras, tmp, overwrite=True)
@@ -146,8 +147,8 @@ def load_resume_state(step_dir: Path, model, opt: torch.optim.Optimizer) -> int:
             if name in adam_steps:
                 avg, sq = tensors[f"{name}.exp_avg"], tensors[f"{name}.exp_avg_sq"]
                 check(avg.shape == p.shape and sq.shape == p.shape, f"moments of {name} have the wrong shape")
-                moments[p] = {"step": torch.tensor(float(adam_steps[name])), "exp_avg": avg.to(p.dtype),
-                              "exp_avg_sq": sq.to(p.dtype)}
+                moments[p] = {"step": torch.tensor(float(adam_steps[name])), "exp_avg": avg.to(p.device, p.dtype),
+                              "exp_avg_sq": sq.to(p.device, p.dtype)}
     except Exception as e:  # noqa: BLE001
         raise UserError(f"cannot resume: {step_dir}/optimizer.safetensors is corrupt ({one_line(e)}); {fix}") from None
     opt.state.update(moments)
@@ -184,17 +185,21 @@ class RunResult:
 
 
 def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = True, stop_after: int | None = None,
-          threads: int | None = 1) -> RunResult:
+          threads: int | None = 1, device="cpu") -> RunResult:
     """Train `cfg` into `run_dir`, resuming from its last checkpoint if it holds the same config.
 
     `stop_after` ends the loop early after that many steps of this call (for tests of resume).
     `threads`: torch intra-op threads during the run (restored after; None = leave as is). One
     thread is the default because these models are many tiny matmuls: on a shared 2-core
     machine, intra-op threading made a step 3-8x slower (measured).
+    `device`: where the steps run ('cpu', 'cuda', 'auto'; `icrl_interp.devices`). The init and the task
+    stream are drawn on the CPU as always, so a run on a GPU starts from the same parameters and sees the
+    same batches; checkpoints and the evaluation are made from a CPU copy.
     """
     from tqdm import tqdm
 
     cfg.validate()
+    device = devices.resolve(device)
     run_dir = Path(run_dir)
     rid = run_id(cfg)
     cfg_path = run_dir / "config.json"
@@ -207,11 +212,15 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
         check(not differ, f"{run_dir} holds a run with a different config ({', '.join(differ)}); use a fresh --out")
 
     deterministic, old_threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
+    if device.type == "cuda":
+        devices.deterministic_cuda()
     torch.use_deterministic_algorithms(True)
     if threads is not None:
         torch.set_num_threads(threads)
     try:
         model, masks = build(cfg)
+        model.to(device)
+        masks = {name: mask.to(device) for name, mask in masks.items()}
         opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         start = 0
         ckpts = list_checkpoints(run_dir)
@@ -235,6 +244,8 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
                 for group in opt.param_groups:
                     group["lr"] = lr
                 batch = recipe.batch(cfg, step_rng(cfg.seed, step))
+                if device.type != "cpu":
+                    batch = devices.to_device(batch, device)
                 opt.zero_grad(set_to_none=True)
                 loss = objective(model, batch)
                 value = loss.item()
@@ -256,6 +267,8 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
                 if done % cfg.checkpoint_every == 0 or done == cfg.steps:
                     save_checkpoint(run_dir, model, opt, cfg, done, rid)
         final = {}
+        if device.type != "cpu":
+            model.to("cpu")  # the evaluation, and what the caller gets, run on the CPU
         if evaluate and end == cfg.steps:
             final = evaluate_run(model, cfg)
             final = {"step": cfg.steps, "run_id": rid, **final}

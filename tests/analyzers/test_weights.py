@@ -119,6 +119,7 @@ def test_noise_of_known_size_gives_the_predicted_relative_error(eps, rng):
     P, V = star["blocks.0.attn.P"].copy(), star["blocks.0.attn.V"].copy()
     P12s, V21s = P[tr, par], V[par, tr]
     E, F = rng.standard_normal(P12s.shape), rng.standard_normal(V21s.shape)
+    F[0] = 0.0  # V21's param_one row is not identifiable and not in rel_err (next test)
     E -= (E * P12s).sum() / (P12s * P12s).sum() * P12s
     F -= (F * V21s).sum() / (V21s * V21s).sum() * V21s
     E *= eps * np.linalg.norm(P12s) / np.linalg.norm(E)
@@ -262,6 +263,31 @@ def test_without_theta_star_only_norms_and_lazy_drift():
     assert out["block_sparsity"]["in_support_energy"] is None
     assert out["block_sparsity"]["lazy_drift"] == pytest.approx(0.6)
     assert out["block_sparsity"]["block_norms"]["blocks.0.attn.V"]["phi"]["param_one"] == 5.0
+
+
+@pytest.mark.parametrize("family", ["sarsa", "actor-critic"])
+def test_the_unread_row_of_V21_is_reported_apart_not_in_rel_err(family, rng):
+    """theta* (at c = -1.7) except on V21's param_one row, which writes the never-read constant entry of
+    w~ = [1; w]: the headline errors are 0 and c is exact; the row is reported with its norm and the
+    error it would have added."""
+    lay = sarsa.layout(3) if family == "sarsa" else actor_critic.layout(3, 2)
+    make = (lambda c: sarsa.theta_star(3, 0.7, c)) if family == "sarsa" else (
+        lambda c: actor_critic.theta_star(3, 2, 0.7, 0.2, c=c))
+    star = {f"blocks.0.attn.{k}": v for k, v in make(1.0).items()}
+    learned = {f"blocks.0.attn.{k}": v.copy() for k, v in make(-1.7).items()}
+    tr, par = W.lsa_blocks(lay)
+    row = lay.slice("param_one").start
+    junk = rng.standard_normal(tr.stop)
+    learned["blocks.0.attn.V"][row, tr] = junk
+    mf = W.analyze_weights(family, learned, star, lay)["manifold"]
+    assert mf["scale"] == pytest.approx(-1.7, rel=1e-12)
+    assert max(mf["rel_err"].values()) < 1e-12 and mf["gauge_cosine"] == pytest.approx(1.0, abs=1e-12)
+    un = mf["unidentifiable"]["V21"]
+    assert un["row_blocks"] == ["param_one"] and "no readout" in un["reason"]
+    assert un["norm"] == pytest.approx(np.linalg.norm(junk), rel=1e-12)
+    V21s = star["blocks.0.attn.V"][par, tr] / -1.7
+    assert un["rel_err_all_rows"] == pytest.approx(np.linalg.norm(junk) / np.linalg.norm(V21s), rel=1e-10)
+    assert mf["per_layer"][0]["unidentifiable"] == mf["unidentifiable"]
 
 
 def test_actor_critic_theta_star_from_a_config_recovers_c():

@@ -119,12 +119,38 @@ def corrupt_metrics(t: Path) -> None:
         f.write("{\"step\": 3, \"loss\n")
 
 
+SWEEP_BASE = 'family = "linear-td"\n[base]\nd = 2\nn_states = 4\nn = 6\nsteps = 2\n'
+
+
+def sweep_grid(grid: str, base: str = SWEEP_BASE):
+    """A setup writing {t}/g.toml: the base of a tiny sweep and the given [grid] table."""
+    return lambda t: (t / "g.toml").write_text(base + grid)
+
+
+GOOD_GRID = sweep_grid("[grid]\nlr = [0.01, 0.02]\n")
+
+
 RUN: Path = Path()  # a finished tiny run, made once by the `tiny_run` fixture
 RESUME = ["train", "sarsa", "--out", "{t}/run", *TINY, "--steps", "4", "--checkpoint-every", "2", "--no-progress",
           "--no-eval"]
 
 BIG = str(10**12)
 ROWS = [
+    # --- live analysis (analyze --live, record --also-analyze)
+    ("analyze-live-nothing", ["analyze", "--live"], None, "--live needs checkpoint directories"),
+    ("analyze-no-input", ["analyze"], None, "give at least one INPUT"),
+    ("analyze-task-without-live", ["analyze", "--task", "linear-td"], None, "add --live"),
+    ("analyze-live-recording", ["analyze", "{t}/good.h5", "--live"], rec, "--live runs checkpoint directories"),
+    ("analyze-live-task-option-alone", ["analyze", "{t}/ck", "--live", "--gamma", "0.5"], ck, "is a task option"),
+    ("analyze-live-zero-tasks", ["analyze", "{t}/ck", "--live", "--tasks", "0"], ck, "--tasks must be a positive"),
+    ("record-json-without-analyze", ["record", "{t}/ck", "--out", "{t}/r.h5", "--json", "{t}/a.json"], ck,
+     "--json goes with --also-analyze"),
+    ("record-also-analyze-resume", ["record", "{t}/ck", "--out", "{t}/r.h5", "--also-analyze", "--resume"], ck,
+     "--also-analyze records a new file"),
+    ("record-also-analyze-shards", ["record", "{t}/ck", "--out", "{t}/r.h5", "--also-analyze", "--shards", "2"], ck,
+     "--also-analyze writes one file"),
+    ("analyze-live-bad-device", ["analyze", "{t}/ck", "--live", "--device", "tpu"], ck,
+     "--device must be one of auto, cpu, cuda, got 'tpu'"),
     # --- A: the user's data is never replaced, and no output lands on an input
     ("analyze-json-onto-input", ["analyze", "{t}/good.h5", "--json", "{t}/good.h5"], rec, "is an input of this command"),
     ("analyze-json-into-checkpoint", ["analyze", "{t}/ck", "--json", "{t}/ck/config.json"], ck, "lies inside the input"),
@@ -232,6 +258,10 @@ ROWS = [
     ("envs-negative-seed", ["envs", "boyan", "--seed", "-1"], None, "--seed must be a non-negative integer"),
     ("demo-negative-seed", ["demo", "--out", "{t}/demo", "--seed", "-1"], None, "--seed must be a non-negative integer"),
     ("analyze-negative-seed", ["analyze", "{t}/ck", "--seed", "-1"], ck, "--seed must be a non-negative integer"),
+    ("analyze-negative-wang-alpha", ["analyze", "{t}/ck", "--wang-alpha", "-0.5"], ck,
+     "--wang-alpha must be a non-negative TD step"),
+    ("analyze-nan-wang-alpha", ["analyze", "{t}/ck", "--wang-alpha", "nan"], ck,
+     "--wang-alpha must be a non-negative TD step"),
     ("train-threads-zero", ["train", "sarsa", "--out", "{t}/run", *TINY, "--threads", "0"], None,
      "--threads must be between 1 and"),
     ("train-dtype-float16", ["train", "sarsa", "--out", "{t}/run", *TINY, "--dtype", "float16"], None,
@@ -253,6 +283,64 @@ ROWS = [
     ("analyze-chunk-inf", ["analyze", "{t}/ck", "--chunk-mib", "inf"], ck, "--chunk-mib inf must be a finite"),
     ("construct-scale-inf", ["construct", "linear-td", "--out", "{t}/ck", "--scale", "inf"], None,
      "--scale inf must be a finite number"),
+    # --- sharded recordings and --device (docs/formats.md#sharded-recordings, docs/cli.md#devices)
+    ("record-shards-zero", ["record", "{t}/ck", "--out", "{t}/r.h5", "--tasks", "8", "--shards", "0", "--quiet"], ck,
+     "--shards must be a positive integer, got 0"),
+    ("record-shards-more-than-batches", ["record", "{t}/ck", "--out", "{t}/r.h5", "--tasks", "8", "--batch-size", "4",
+                                         "--shards", "3", "--quiet"], ck, "splits into 1 to 2 shards"),
+    ("record-shards-resume-nothing", ["record", "{t}/ck", "--out", "{t}/r.h5", "--tasks", "8", "--batch-size", "4",
+                                      "--shards", "2", "--resume", "--quiet"], ck, "nothing to resume"),
+    ("record-device-bogus", ["record", "{t}/ck", "--out", "{t}/r.h5", "--device", "bogus"], ck,
+     "--device must be one of auto, cpu, cuda, got 'bogus'"),
+    ("train-device-bogus", ["train", "sarsa", "--out", "{t}/run", *TINY, "--device", "gpu"], None,
+     "--device must be one of auto, cpu, cuda, got 'gpu'"),
+    ("control-device-bogus", ["control", "{t}/ck", "--device", "tpu"], ck,
+     "--device must be one of auto, cpu, cuda, got 'tpu'"),
+    ("causal-device-bogus", ["causal", "{t}/ck", "--layer", "0", "--device", "bogus"], ck,
+     "--device must be one of auto, cpu, cuda, got 'bogus'"),
+    # --- verdict (docs/verdict.md)
+    ("verdict-nothing", ["verdict"], None, "give a recording (.h5), a checkpoint directory, or --model"),
+    ("verdict-not-a-recording", ["verdict", "{t}/good.h5"], rec, "not an icrl_interp recording"),
+    ("verdict-bootstrap-small", ["verdict", "{t}/good.h5", "--bootstrap", "3"], rec, "--bootstrap must be at least 10"),
+    ("verdict-test-fraction", ["verdict", "{t}/good.h5", "--test-fraction", "1.5"], rec,
+     "--test-fraction must lie in (0, 1)"),
+    ("verdict-unknown-candidate", ["verdict", "{t}/good.h5", "--candidates", "td9"], rec, "--candidates: unknown td9"),
+    ("verdict-min-r2-nan", ["verdict", "{t}/good.h5", "--min-r2", "nan"], rec, "--min-r2 must be a number"),
+    ("verdict-task-without-model", ["verdict", "{t}/good.h5", "--task", "linear-td"], rec,
+     "--task and --weights go with --model"),
+    ("verdict-json-over-input", ["verdict", "{t}/good.h5", "--json", "{t}/good.h5"], rec, "good.h5"),
+    # --- schedulers and sweeps (docs/cluster.md)
+    ("analyze-bad-scheduler", ["analyze", "{t}/ck", "--scheduler", "udp://x:1"], ck, "is not a scheduler"),
+    ("analyze-unreachable-scheduler", ["analyze", "{t}/ck", "--scheduler", "tcp://127.0.0.1:1"], ck,
+     "cannot reach a Dask scheduler"),
+    ("report-bad-scheduler", ["report", "{t}/ck", "--out", "{t}/rep", "--scheduler", "local:0"], ck,
+     "the number of local workers must be a positive integer"),
+    ("report-scheduler-without-port", ["report", "{t}/ck", "--out", "{t}/rep", "--scheduler", "tcp://host"], ck,
+     "tcp://HOST:PORT"),
+    ("sweep-missing-grid", ["sweep", "{t}/nope.toml", "--out", "{t}/sw"], None, "cannot read the grid file"),
+    ("sweep-not-toml", ["sweep", "{t}/g.toml", "--out", "{t}/sw"], sweep_grid("[grid\n"), "is not valid TOML"),
+    ("sweep-unknown-field", ["sweep", "{t}/g.toml", "--out", "{t}/sw"], sweep_grid("[grid]\nlrr = [0.1]\n"),
+     "grid.lrr: unknown linear-td training field"),
+    ("sweep-wrong-type", ["sweep", "{t}/g.toml", "--out", "{t}/sw"], sweep_grid('[grid]\nlr = [0.1, "fast"]\n'),
+     "grid.lr[1]: expected a number, got a string 'fast'"),
+    ("sweep-empty-grid", ["sweep", "{t}/g.toml", "--out", "{t}/sw"], sweep_grid("[grid]\n"), "grid: the grid is empty"),
+    ("sweep-empty-list", ["sweep", "{t}/g.toml", "--out", "{t}/sw"], sweep_grid("[grid]\nlr = []\n"),
+     "grid.lr: the list of values is empty"),
+    ("sweep-seed-in-grid", ["sweep", "{t}/g.toml", "--out", "{t}/sw"], sweep_grid("[grid]\nseed = [1, 2]\n"),
+     "list the seeds in `seeds`"),
+    ("sweep-bad-report-field", ["sweep", "{t}/g.toml", "--out", "{t}/sw"],
+     sweep_grid("[grid]\nlr = [0.1]\n[report]\ncontrol_mdps = -1\n"), "report.control-mdps must be a non-negative"),
+    ("sweep-layers-absurd", ["sweep", "{t}/g.toml", "--out", "{t}/sw"], sweep_grid(f"[grid]\nn_layers = [1, {10**6}]\n"),
+     f"--n-layers {10**6} needs ~"),
+    ("sweep-bad-scheduler", ["sweep", "{t}/g.toml", "--out", "{t}/sw", "--scheduler", "slurm"], GOOD_GRID,
+     "is not a scheduler"),
+    ("sweep-unreachable-scheduler", ["sweep", "{t}/g.toml", "--out", "{t}/sw", "--scheduler", "tcp://127.0.0.1:1"],
+     GOOD_GRID, "cannot reach a Dask scheduler"),
+    ("sweep-zero-workers", ["sweep", "{t}/g.toml", "--out", "{t}/sw", "--workers", "0"], GOOD_GRID,
+     "--workers must be at least 1"),
+    ("sweep-into-user-dir", ["sweep", "{t}/g.toml", "--out", "{t}/mine"], lambda t: (GOOD_GRID(t), thesis(t)),
+     "holds files that are not a sweep directory"),
+    ("sweep-out-is-the-grid", ["sweep", "{t}/g.toml", "--out", "{t}/g.toml"], GOOD_GRID, "is an input of this command"),
 ]
 SUBPROCESS = {"construct-scale-inf"}
 """Rows run as a subprocess: their point is everything that reaches the terminal (a numpy warning too)."""

@@ -15,43 +15,7 @@ from icrl_interp.capture import attached_hook_count
 from icrl_interp.errors import UserError
 from icrl_interp.recording import Recording, partial_path
 
-D_IN = 9  # linear-td prompts with d = 4: rows phi, gamma phi', r
-
-
-class Block(nn.Module):
-    def __init__(self, d, heads, dropout=0.0):
-        super().__init__()
-        self.ln = nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True, dropout=dropout)
-        self.drop = nn.Dropout(dropout)
-        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
-
-    def forward(self, x):
-        h = self.ln(x)
-        a, _ = self.attn(h, h, h, need_weights=True, average_attn_weights=False)
-        x = x + self.drop(a)
-        return x + self.mlp(x)
-
-
-class Net(nn.Module):
-    """Embedding inside, residual width 16 (not the prompt layout's), a readout head."""
-
-    def __init__(self, layers=2, heads=2, dropout=0.0, d=16):
-        super().__init__()
-        self.embed = nn.Linear(D_IN, d)
-        self.blocks = nn.ModuleList(Block(d, heads, dropout) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d)
-        self.head = nn.Linear(d, 1)
-
-    def forward(self, z):
-        x = self.embed(z)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.ln_f(x))
-
-
-ROLES = {"resid_post": "blocks.{layer}", "pattern": "blocks.{layer}.attn#1", "readout": ["ln_f", "head"]}
-TASK = {"d": 4, "n": 8, "layers": 2}
+from helpers import D_IN, ROLES, TASK, Block, Net  # noqa: F401 - the user's model of these tests
 
 
 def _net(seed=0, **kw):

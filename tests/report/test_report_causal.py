@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 import torch
-from torch import nn
 
+import helpers
 from icrl_interp import causal, checkpoint
 from icrl_interp.analyzers import inputs
 from icrl_interp.cli import main
@@ -161,35 +161,8 @@ ROLES = {"resid_post": "blocks.{layer}", "pattern": "blocks.{layer}.attn#1", "re
 TASK = {"d": 3, "n": 6, "layers": 2}
 
 
-class Block(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.ln = nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, 2, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
-
-    def forward(self, x):
-        h = self.ln(x)
-        a, _ = self.attn(h, h, h, need_weights=True, average_attn_weights=False)
-        x = x + a
-        return x + self.mlp(x)
-
-
-class Net(nn.Module):
-    """No family: its own embedding (linear-td prompts of d = 3 have 7 rows), residual width 8, a readout."""
-
-    def __init__(self, d=8):
-        super().__init__()
-        self.embed = nn.Linear(7, d)
-        self.blocks = nn.ModuleList(Block(d) for _ in range(2))
-        self.ln_f = nn.LayerNorm(d)
-        self.head = nn.Linear(d, 1)
-
-    def forward(self, z):
-        x = self.embed(z)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.ln_f(x))
+def Net():  # noqa: N802 - the user's model: no family, its own embedding (linear-td prompts of d = 3 have 7 rows)
+    return helpers.Net(d=8, d_in=7)
 
 
 def test_a_foreign_model_recording_and_its_causal_json_leave_no_section_unexplained(tmp_path):

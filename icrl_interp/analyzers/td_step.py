@@ -1,0 +1,147 @@
+"""The batch-TD step alpha that Wang et al.'s VD / SS / IWS compare a model with: one definition,
+used by `icrl-interp train`'s held-out evaluation and by `icrl-interp analyze` alike.
+
+A trained model's checkpoint has no step of its own (its config says alpha = 1), and Wang et al.
+co-train one. Here the step is *fitted*: the alpha >= 0 that minimises the mean VD between the model
+and L-step batch TD(0) over the **calibration half** of the tasks, and VD / SS / IWS are reported on
+the other half (docs/analyzers.md, "Wang's metrics"). Which half a task is in is a pure function of
+its task id (`calibration_tasks`), so the same tasks give the same split in both commands.
+
+The fit is exact, not a grid search: from w_0 = 0, batch TD(0)
+w_{l+1} = w_l + alpha (b + A w_l), b = (1/n) C sum_i r_i phi_i, A = (1/n) C sum_i phi_i (gamma phi+_i - phi_i)^T
+makes w_L a polynomial of degree L in alpha (`td_weight_polynomial`), so each task's
+VD(alpha) = sum_s mu(s) (v_tf(s) - phi(s) . w_L(alpha))^2 is a polynomial of degree 2L whose
+coefficients add up over tasks (`AlphaFit`, a streaming accumulator); its minimum over alpha >= 0 is
+at 0 or at a real root of its derivative.
+"""
+from __future__ import annotations
+
+import numpy as np
+from jaxtyping import Float, Int
+
+from ..errors import UserError
+from . import convergence
+from .td_probe import _task_uniform
+
+Array = np.ndarray
+
+SPLIT_SEED = 0x57E9
+"""Seed of the task-id hash that splits tasks into calibration and evaluation halves."""
+CALIBRATION_SHARE = 0.5
+"""Share of the tasks (by hashed task id) that the step is fitted on."""
+EVAL_MAX_PROMPTS = 1 << 16
+"""VD / SS / IWS are computed on at most this many evaluation prompts (the first in order), so memory stays
+bounded on any recording; the calibration sums use every calibration prompt."""
+
+
+def calibration_tasks(task_id: Int[Array, " batch"]) -> np.ndarray:
+    """True for the prompts whose task is in the calibration half (a pure function of the task id)."""
+    return _task_uniform(np.asarray(task_id, dtype=np.int64), SPLIT_SEED) < CALIBRATION_SHARE
+
+
+def td_weight_polynomial(
+    phi: Float[Array, "batch n d"],
+    gamma_phi_next: Float[Array, "batch n d"],
+    rewards: Float[Array, "batch n"],
+    n_iters: int,
+    C: Float[Array, "d d"] | None = None,
+) -> Float[Array, "batch k d"]:
+    """Coefficients c_k (k = 0..n_iters) of batch TD(0)'s weight after n_iters steps from w_0 = 0 as a
+    polynomial in the step: w_L(alpha) = sum_k alpha^k c_k (`reference.batch_td` at any alpha)."""
+    phi, gpn, r = (np.asarray(a, dtype=np.float64) for a in (phi, gamma_phi_next, rewards))
+    B, n, d = phi.shape
+    C = np.eye(d) if C is None else np.asarray(C, dtype=np.float64)
+    b = np.einsum("bn,bnd->bd", r, phi) / n @ C.T
+    A = C @ np.einsum("bnd,bne->bde", phi, gpn - phi) / n
+    coef = np.zeros((B, n_iters + 1, d))
+    for _ in range(n_iters):
+        nxt = coef.copy()
+        nxt[:, 1] += b
+        nxt[:, 1:] += np.einsum("bde,bke->bkd", A, coef[:, :-1])
+        coef = nxt
+    return coef
+
+
+def weights_at(coef: Float[Array, "batch k d"], alpha: float) -> Float[Array, "batch d"]:
+    """w_L(alpha) from the polynomial's coefficients."""
+    return np.einsum("k,bkd->bd", float(alpha) ** np.arange(coef.shape[1]), coef)
+
+
+class AlphaFit:
+    """Sum over tasks of the polynomial VD_t(alpha); `alpha()` is its minimiser over alpha >= 0."""
+
+    def __init__(self, n_iters: int):
+        self.poly = np.zeros(2 * n_iters + 1)
+        self.count = 0
+
+    def update(self, v_tf: Float[Array, "batch s"], coef: Float[Array, "batch k d"],
+               phi: Float[Array, "batch s d"], mu: Float[Array, "batch s"]) -> None:
+        # residual v_tf - phi . w_L(alpha) = sum_k alpha^k E_k with E_0 = v_tf - phi . c_0, E_k = -phi . c_k
+        E = -np.einsum("bsd,bkd->bsk", phi, coef)
+        E[..., 0] += v_tf
+        G = np.einsum("bs,bsk,bsl->kl", mu, E, E)
+        K = G.shape[0]
+        for m in range(2 * K - 1):  # coefficient of alpha^m: the m-th anti-diagonal
+            self.poly[m] += np.trace(np.fliplr(G), offset=K - 1 - m)
+        self.count += v_tf.shape[0]
+
+    def mean_vd(self, alpha: float) -> float:
+        """Mean VD over the calibration tasks at alpha, from the summed polynomial (near a VD of 0 the sum
+        cancels to ~1e-16 of its terms: exact enough to compare candidates, not a VD to report as 0)."""
+        return float(np.polyval(self.poly[::-1], alpha)) / self.count
+
+    def alpha(self) -> float:
+        if self.count == 0:
+            raise UserError("no calibration task to fit the TD step alpha on (too few tasks)")
+        p = np.trim_zeros(self.poly[::-1], "f")  # highest power first
+        if p.size <= 1:
+            return 0.0  # VD does not depend on alpha (e.g. zero rewards and a zero model)
+        roots = np.roots(np.polyder(p))
+        scale = max(1.0, float(np.max(np.abs(roots)))) if roots.size else 1.0
+        cand = [0.0] + [float(z.real) for z in roots if abs(z.imag) <= 1e-8 * scale and z.real > 0]
+        return min(cand, key=self.mean_vd)
+
+
+class WangEvaluation:
+    """Wang et al.'s VD / SS / IWS against batch TD at the fitted step (or a given one), fed per batch of
+    prompts: calibration prompts feed `AlphaFit`, evaluation prompts are kept (compactly, at most
+    EVAL_MAX_PROMPTS) until the step is known."""
+
+    def __init__(self, n_iters: int, alpha: float | None = None):
+        self.fit = AlphaFit(n_iters)
+        self.given = alpha
+        self.kept: list[tuple] = []
+        self.n_kept = 0
+        self.n_eval = 0
+
+    def update(self, task_id, v_tf, grad_tf, coef, phi, mu) -> None:
+        """One batch: v_tf [B, S] and its query gradient grad_tf [B, S, d] at every state, TD's polynomial
+        coef [B, k, d], state features phi [B, S, d], stationary distribution mu [B, S]."""
+        cal = calibration_tasks(task_id) if self.given is None else np.zeros(len(v_tf), dtype=bool)
+        if cal.any():
+            self.fit.update(v_tf[cal], coef[cal], phi[cal], mu[cal])
+        ev = np.nonzero(~cal)[0]
+        self.n_eval += ev.size
+        ev = ev[: max(0, EVAL_MAX_PROMPTS - self.n_kept)]
+        if ev.size:
+            self.kept.append(tuple(np.asarray(a)[ev] for a in (task_id, v_tf, grad_tf, coef, phi, mu)))
+            self.n_kept += ev.size
+
+    def result(self) -> tuple[dict, dict]:
+        """({alpha, alpha_source, VD, SS, IWS, n_tasks, n_calibration_tasks, ...}, per-prompt metrics with
+        `task_id`) on the kept evaluation prompts."""
+        if not self.kept:
+            raise UserError("no evaluation task for VD/SS/IWS (too few tasks: they are split in halves by task id)")
+        alpha = self.given if self.given is not None else self.fit.alpha()
+        task_id, v_tf, grad_tf, coef, phi, mu = (np.concatenate(x) for x in zip(*self.kept))
+        w_td = weights_at(coef, alpha)
+        v_td = np.einsum("bsd,bd->bs", phi, w_td)
+        m = convergence.vd_ss_iws(v_tf, v_td, grad_tf, np.broadcast_to(w_td[:, None, :], grad_tf.shape), phi, mu, w_td)
+        out = {"alpha": float(alpha),
+               "alpha_source": "given" if self.given is not None else "fitted",
+               "alpha_calibration_vd": None if self.given is not None else max(0.0, self.fit.mean_vd(alpha)),
+               "n_calibration_prompts": self.fit.count,
+               **{k: float(np.nanmean(v)) for k, v in m.items()},
+               "n_tasks": int(np.unique(task_id).size), "n_prompts": int(task_id.size),
+               "n_eval_prompts_total": self.n_eval}
+        return out, {"task_id": task_id, **m}

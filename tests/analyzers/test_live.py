@@ -1,0 +1,103 @@
+"""Live analysis (docs/analyzers.md, "Live analysis"): the analyzers fed from the forward pass give the
+JSON of the recording of the same prompts, for every family and for a user's own model; the batch
+cache stays bounded; `record --also-analyze` writes the same file `record` writes."""
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from icrl_interp import checkpoint, cli, probe_spec, recorder, registry
+from icrl_interp.analyzers.analyze import AnalyzeOptions, analyze
+from icrl_interp.analyzers.from_model import analyze_model
+from icrl_interp.capture import attached_hook_count
+from icrl_interp.live import open_live
+
+from helpers import ROLES, TASK, Net
+
+VARYING = ("source", "kind", "live")
+
+
+def same(a: dict, b: dict) -> bool:
+    """Equal analyses, up to the fields that name the input."""
+    strip = lambda d: json.dumps({k: v for k, v in d.items() if k not in VARYING}, sort_keys=True)  # noqa: E731
+    return strip(a) == strip(b)
+
+
+
+@pytest.mark.parametrize("family", registry.names())
+def test_live_equals_recording_for_every_family(family, tmp_path):
+    ck = tmp_path / "ck"
+    assert cli.main(["construct", family, "--out", str(ck)]) == 0
+    model, config = checkpoint.load(ck), checkpoint.read(ck)[0]
+    # a small chunk budget: many chunks, batches dropped from the cache and recomputed in pass 2
+    opts = AnalyzeOptions(chunk_mib=0.05)
+    recorder.record_model(model, config, tmp_path / "r.h5", tasks=90, batch_size=16, seed=5, progress=False)
+    recorded = analyze(tmp_path / "r.h5", opts)
+    live = analyze_model(model, config, tasks=90, batch_size=16, seed=5, options=opts)
+    assert recorded["activations"] is not None and recorded["sections"]["probes"] == "ok"
+    assert same(recorded, live)
+    assert live["kind"] == "live" and live["live"]["batches"] == 6
+    assert live["live"]["forward_batches"] >= 6  # every batch ran at least once
+
+
+def test_live_equals_recording_for_a_users_model_and_restores_it(tmp_path):
+    torch.manual_seed(0)
+    model = Net(dropout=0.1).train()
+    recorder.record_model(model, "linear-td", tmp_path / "r.h5", task_options=TASK, probe=ROLES, tasks=64,
+                          batch_size=16, progress=False)
+    recorded = analyze(tmp_path / "r.h5")
+    live = analyze_model(model, "linear-td", task_options=TASK, probe=ROLES, tasks=64, batch_size=16)
+    assert recorded["sections"]["readouts"] == "ok" and recorded["sections"]["probes"] == "ok"
+    assert same(recorded, live)
+    assert model.training and all(m.training for m in model.modules())  # its mode is restored
+    assert attached_hook_count(model) == 0
+    other = analyze_model(model, "linear-td", task_options=TASK, probe=ROLES, tasks=64, batch_size=16, seed=1)
+    assert not same(recorded, other)  # the prompt seed is honoured: the comparison can fail
+
+
+def test_cache_is_bounded_and_pass_two_recomputes(tmp_path):
+    from icrl_interp.analyzers.analyze import analyze_open
+
+    ck = tmp_path / "ck"
+    assert cli.main(["construct", "linear-td", "--out", str(ck)]) == 0
+    model, config = checkpoint.load(ck), checkpoint.read(ck)[0]
+    spec = probe_spec.shipped_spec(config.family)
+    source = recorder.PromptSource(config=config, n_total=400, seed=0)
+    with open_live(model, spec, source, batch_size=8) as rec:
+        seen = []
+        update = rec.f._batch
+
+        def spy(index, need_model):
+            out = update(index, need_model)
+            seen.append(len(rec.f._full))
+            return out
+
+        rec.f._batch = spy
+        result = analyze_open(rec, AnalyzeOptions(chunk_mib=0.02), kind="live")
+        n_batches = rec.f.run.n_batches
+        assert result["activations"]["layers"][0]["td_probe_r2"] is not None
+        assert max(seen) <= rec.f.capacity < n_batches // 4  # far fewer batches held than the run has
+        assert rec.forward_batches + 1 > n_batches  # the held-out pass ran the forward pass again
+
+
+def test_record_also_analyze_writes_the_recording_and_its_analysis(tmp_path):
+    ck = tmp_path / "ck"
+    assert cli.main(["construct", "sarsa", "--out", str(ck)]) == 0
+    base = ["record", str(ck), "--tasks", "40", "--batch-size", "16", "--seed", "2", "--quiet"]
+    assert cli.main([*base, "--out", str(tmp_path / "plain.h5")]) == 0
+    assert cli.main([*base, "--out", str(tmp_path / "both.h5"), "--also-analyze", "--json",
+                     str(tmp_path / "a.json")]) == 0
+    with h5py.File(tmp_path / "plain.h5") as f, h5py.File(tmp_path / "both.h5") as g:
+        names: list = []
+        f.visit(names.append)
+        data = [n for n in names if isinstance(f[n], h5py.Dataset)]
+        assert data and all(np.array_equal(f[n][()], g[n][()]) for n in data)
+        assert {k for k in f.attrs if k != "created"} == {k for k in g.attrs if k != "created"}
+    assert same(json.loads((tmp_path / "a.json").read_text()), analyze(tmp_path / "plain.h5"))
+    assert cli.main(["analyze", str(ck), "--live", "--tasks", "40", "--batch-size", "16", "--prompt-seed", "2",
+                     "--json", str(tmp_path / "b.json")]) == 0
+    assert same(json.loads((tmp_path / "b.json").read_text()), analyze(tmp_path / "plain.h5"))

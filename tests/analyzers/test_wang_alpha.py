@@ -1,0 +1,134 @@
+"""One TD step alpha for Wang's VD / SS / IWS (analyzers.td_step): the exact polynomial fit, the task split,
+and `analyze` agreeing with `train`'s held-out evaluation on the same checkpoint and tasks."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from icrl_interp import checkpoint, probe_spec, recorder, reference, sampling
+from icrl_interp.analyzers import analyze, convergence, td_step
+from icrl_interp.families import linear_td_training
+
+from . import analyzer_data as D
+
+SHIPPED = Path(__file__).resolve().parents[2] / "data" / "checkpoints" / "linear-td"
+
+
+def _td_data(B=12, n=9, d=3, S=5, seed=0):
+    rng = np.random.default_rng(seed)
+    phi, nxt = rng.standard_normal((B, n, d)), rng.standard_normal((B, n, d))
+    return phi, nxt, rng.standard_normal((B, n)), rng.standard_normal((B, S, d)), rng.dirichlet(np.ones(S), B)
+
+
+@pytest.mark.parametrize("L", [1, 3, 6])
+def test_polynomial_is_batch_td_at_every_step(L):
+    phi, nxt, r, _, _ = _td_data()
+    C = np.random.default_rng(1).standard_normal((3, 3))
+    coef = td_step.td_weight_polynomial(phi, 0.7 * nxt, r, L, C)
+    for alpha in (0.05, 0.9, 1.7):
+        want = reference.batch_td(phi, nxt, r, np.zeros((12, 3)), 0.7, alpha, L, C).w[:, -1]
+        np.testing.assert_allclose(td_step.weights_at(coef, alpha), want, rtol=1e-10, atol=1e-12)
+
+
+def test_fit_recovers_the_step_and_beats_any_grid():
+    phi, nxt, r, states, mu = _td_data()
+    coef = td_step.td_weight_polynomial(phi, 0.9 * nxt, r, 3)
+    exact = td_step.AlphaFit(3)
+    exact.update(np.einsum("bsd,bd->bs", states, td_step.weights_at(coef, 0.37)), coef, states, mu)
+    assert exact.alpha() == pytest.approx(0.37, rel=1e-12) and abs(exact.mean_vd(exact.alpha())) < 1e-12
+    # a model that is no batch TD at all: the exact minimiser is at least as good as a fine grid's best,
+    # and the polynomial VD is the direct one
+    v = np.random.default_rng(3).standard_normal(mu.shape)
+    fit = td_step.AlphaFit(3)
+    fit.update(v, coef, states, mu)
+
+    def direct(a):
+        w = reference.batch_td(phi, nxt, r, np.zeros((12, 3)), 0.9, a, 3).w[:, -1]
+        return float(np.mean(convergence.vd_ss_iws(v, np.einsum("bsd,bd->bs", states, w), states, states, states,
+                                                   mu, w)["VD"]))
+
+    grid = np.linspace(0.0, 3.0, 3001)
+    best = grid[np.argmin([direct(a) for a in grid])]
+    assert fit.mean_vd(0.8) == pytest.approx(direct(0.8), rel=1e-10)
+    assert fit.alpha() == pytest.approx(best, abs=2e-3) and direct(fit.alpha()) <= direct(best) + 1e-15
+
+
+def test_the_step_is_fitted_on_calibration_tasks_and_scored_on_the_others():
+    """Calibration tasks are batch TD at 0.6 exactly; evaluation tasks are that plus a constant eps at every
+    state, so on them VD = eps^2 (sum mu = 1). Fitting on all tasks would move alpha off 0.6; scoring all
+    tasks would give a smaller VD."""
+    phi, nxt, r, states, mu = _td_data(B=64)
+    ids = np.arange(64)
+    cal = td_step.calibration_tasks(ids)
+    assert 0 < cal.sum() < 64 and np.array_equal(cal, td_step.calibration_tasks(ids.copy()))
+    coef = td_step.td_weight_polynomial(phi, 0.9 * nxt, r, 2)
+    w = td_step.weights_at(coef, 0.6)
+    v = np.einsum("bsd,bd->bs", states, w) + np.where(cal, 0.0, 0.1)[:, None]
+    ev = td_step.WangEvaluation(2)
+    ev.update(ids, v, np.broadcast_to(w[:, None], states.shape), coef, states, mu)
+    res, per = ev.result()
+    assert res["alpha"] == pytest.approx(0.6, rel=1e-9) and res["alpha_source"] == "fitted"
+    assert res["VD"] == pytest.approx(0.01, rel=1e-9) and res["n_tasks"] == int((~cal).sum())
+    assert np.array_equal(np.sort(per["task_id"]), ids[~cal])
+    given = td_step.WangEvaluation(2, alpha=0.6)
+    given.update(ids, v, np.broadcast_to(w[:, None], states.shape), coef, states, mu)
+    res = given.result()[0]
+    assert res["alpha_source"] == "given" and res["n_tasks"] == 64
+    assert res["VD"] == pytest.approx(0.01 * (~cal).mean(), rel=1e-9)
+
+
+# ------------------------------------------------------------------ analyze == train
+def _record(ck: Path, out: Path, n: int = 96) -> Path:
+    cfg, _ = checkpoint.read(ck)
+    source = recorder.PromptSource(config=cfg, n_total=n, seed=0)
+    recorder.record(checkpoint.load(ck), out, probe_spec.shipped_spec(cfg.family), source, batch_size=48,
+                    checkpoint_sha256=checkpoint.sha256(ck), progress=False)
+    return out
+
+
+def _train_eval_on_recording(ck: Path, rec: Path) -> dict:
+    """`train`'s evaluation (model forward passes + autograd) on the recorded tasks."""
+    cfg, _ = checkpoint.read(ck)
+    lay, gamma = cfg.model.layout, cfg.model.gamma
+    with h5py.File(rec, "r") as f:
+        z, ids = f["prompts/z"][:, :-1], f["prompts/task_id"][:]
+        phi_s, mu = f["tasks/phi"][:], f["tasks/stationary"][:]
+    ctx = (z[..., lay.slice("phi")], sampling.unscale(z[..., lay.slice("gamma_phi_next")], gamma),
+           z[..., lay.slice("reward")][..., 0])
+    return linear_td_training.evaluate_tasks(checkpoint.load(ck), gamma, ctx, phi_s, mu, ids)
+
+
+@pytest.fixture(scope="module")
+def off_step(tmp_path_factory):
+    """theta* of batch TD at alpha 0.6 in a checkpoint whose config says alpha = 1 (as a trained one does)."""
+    root = tmp_path_factory.mktemp("wang_alpha")
+    cfg = D.config_for("linear-td", alpha=1.0)
+    params = D.theta_params(cfg)
+    params = {k: 0.6 * v if k.endswith(".P") else v for k, v in params.items()}
+    ck = D.write_checkpoint(root / "ck", cfg, params)
+    return ck, _record(ck, root / "off.h5")
+
+
+def test_analyze_fits_the_step_a_trained_checkpoint_does_not_state(off_step):
+    ck, rec = off_step
+    m = analyze(rec)["activations"]["wang_metrics"]
+    assert m["alpha"] == pytest.approx(0.6, rel=1e-8) and m["alpha_source"] == "fitted"
+    assert m["VD"] < 1e-12 and m["SS"] == pytest.approx(1.0, abs=1e-9) and m["IWS"] == pytest.approx(1.0, abs=1e-6)
+    at_one = analyze(rec, wang_alpha=1.0)["activations"]["wang_metrics"]  # the checkpoint's own alpha
+    assert at_one["alpha"] == 1.0 and at_one["alpha_source"] == "given" and at_one["VD"] > 1e-3
+
+
+@pytest.mark.parametrize("which", ["off-step theta*", "shipped trained"])
+def test_analyze_and_train_give_the_same_numbers_on_the_same_tasks(off_step, tmp_path, which):
+    ck = off_step[0] if which == "off-step theta*" else SHIPPED
+    rec = off_step[1] if which == "off-step theta*" else _record(SHIPPED, tmp_path / "shipped.h5")
+    a = analyze(rec)["activations"]["wang_metrics"]
+    t = _train_eval_on_recording(ck, rec)
+    assert t["alpha_fit"] == pytest.approx(a["alpha"], rel=1e-5) and t["n_tasks"] == a["n_tasks"]
+    if which == "shipped trained":  # a real fit, far from the checkpoint's alpha = 1
+        assert abs(a["alpha"] - 1.0) > 0.02 and checkpoint.read(ck)[0].model.alpha == 1.0
+    assert t["VD"] == pytest.approx(a["VD"], rel=1e-4, abs=1e-12)
+    assert t["SS"] == pytest.approx(a["SS"], abs=1e-6) and t["IWS"] == pytest.approx(a["IWS"], abs=1e-6)
