@@ -24,7 +24,7 @@ import torch
 from bench_record import _best, _model_and_prompts, _peak_rss_kib
 from icrl_interp import checkpoint, probe_spec, recorder
 from icrl_interp.analyzers.analyze import analyze
-from icrl_interp.analyzers.from_model import analyze_model
+from icrl_interp.analyzers.analyze import analyze_model
 from icrl_interp.models import theta_star_model
 
 

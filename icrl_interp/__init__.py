@@ -26,9 +26,9 @@ def record(model, task, out, **options):
 def analyze(path_or_model, task=None, **options) -> dict:
     """Analyze a checkpoint, recording or TransformerLens weights file into the analysis JSON dict
     (`icrl_interp.analyzers.analyze.analyze`); or a model (a torch module) live on `task`, from its
-    forward pass without writing a recording (`icrl_interp.analyzers.from_model.analyze_model`)."""
+    forward pass without writing a recording (`icrl_interp.analyzers.analyze.analyze_model`)."""
     if hasattr(path_or_model, "named_modules"):  # a torch module (checked without importing torch)
-        from .analyzers.from_model import analyze_model
+        from .analyzers.analyze import analyze_model
 
         if task is None:
             raise UserError("analyze(model, task=...): a model is analyzed on a task (a family name, a checkpoint "

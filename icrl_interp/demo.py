@@ -134,7 +134,8 @@ def run_demo(config: DemoConfig) -> int:
         recordings.append(summary.path)
 
     inputs = [p for _, p in models] + recordings
-    outcome = build_report(inputs, out, ReportConfig(workers=config.workers, title="icrl-interp demo report"))
+    outcome = build_report(inputs, out, ReportConfig(workers=config.workers, title="icrl-interp demo report",
+                                                        live_tasks=0))
     write_figure_manifest(out, outcome.figures)
     print()
     print(text_table(outcome.results))

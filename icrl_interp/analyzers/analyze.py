@@ -27,6 +27,11 @@ does not apply to this input, 'failed: ...' where it raised, else the input it l
 fails never drops the others. `sections` sums this up per section and `status_of` turns it into the
 status of a report row ('ok', 'partial', 'nothing analyzed').
 
+`analyze_model(model, task)` is the live analysis: the model runs over the prompts `icrl_interp.record`
+would record and the same analyzers read the stream of batches (`icrl_interp.live`); the result is the
+analysis of that recording, field for field, except `source` (the model's name), `kind` ('live') and
+the extra `live` object (docs/analyzers.md, "Live analysis").
+
 Fields added to `icrl_interp.analysis/1` (all optional for readers):
   task_family   the task's registered family (None: prompts of no known task, or TL weights);
   architecture  the model's architecture (`registry.Architecture.name`; None: not a known one);
@@ -91,6 +96,10 @@ class AnalyzeOptions:
     wang_alpha: float | None = None
     """Step of the L-step batch TD that VD/SS/IWS compare a linear-td model with; None: fitted (the alpha
     minimising the mean VD over the calibration half of the tasks, as `train` does; docs/analyzers.md)."""
+    live_tasks: int = 0
+    """Checkpoints: also run the model on this many prompts of its own task (sampler seed 0, the
+    random-init baseline beside it) and analyze its activations live, without writing them
+    (docs/analyzers.md, "Live analysis"); 0 = the weights only. `report` and `sweep` default to 256."""
     per_task_max: int = 512
     """Per-task values (value error, kernel diagonality, VD/SS/IWS, readouts: one entry per task id; the
     probes' held-out sums per test task) are included when there are at most this many tasks (null
@@ -232,6 +241,8 @@ def _header(path, kind, subject: Subject, config, layout) -> dict:
 def _analyze_checkpoint(path: Path, opts: AnalyzeOptions) -> dict:
     from .. import checkpoint  # light: safetensors.numpy + JSON, no torch
 
+    if opts.live_tasks:
+        return _live_checkpoint(path, opts)
     config, tensors = checkpoint.read(path)
     subject = Subject(config.family, config.model.architecture, config.task.family)
     layout = config.model.layout
@@ -247,6 +258,59 @@ def _analyze_checkpoint(path: Path, opts: AnalyzeOptions) -> dict:
     out["activations"] = None
     reasons["activations"] = "not applicable: a checkpoint has no recorded activations (record it with `icrl-interp record`)"
     return _finish(out, reasons)
+
+
+def _live_checkpoint(path: Path, opts: AnalyzeOptions) -> dict:
+    """A checkpoint's analysis with its activations, from `opts.live_tasks` prompts run live: the analysis
+    of the recording `icrl-interp record CKPT --tasks N` would write, with `kind` 'checkpoint'."""
+    from dataclasses import replace
+
+    from .. import checkpoint
+
+    if isinstance(opts.live_tasks, bool) or not isinstance(opts.live_tasks, int) or opts.live_tasks < 0:
+        raise UserError(f"live_tasks must be a non-negative integer, got {opts.live_tasks!r}")
+    config = checkpoint.read(path)[0]
+    try:
+        out = analyze_model(checkpoint.load(path), config, tasks=opts.live_tasks, options=replace(opts, live_tasks=0),
+                            name=str(path), checkpoint_sha256=checkpoint.sha256(path))
+    except UserError as e:  # e.g. a task config its sampler refuses: the weights are still analyzed
+        out = _analyze_checkpoint(path, replace(opts, live_tasks=0))
+        out["skipped"]["activations"] = f"the live run on the checkpoint's own task failed: {e}"
+        out["sections"] = _sections(out, out["skipped"])
+        return out
+    out["kind"] = "checkpoint"
+    return out
+
+
+# ------------------------------------------------------------- live: from the forward pass
+def analyze_model(model, task, *, task_options: dict | None = None, probe=None, tasks: int = 512,
+                  batch_size: int = 128, seed: int = 0, baseline: str = "random-init", prompts=None,
+                  out=None, options: AnalyzeOptions | None = None, name: str | None = None,
+                  checkpoint_sha256: str = "", progress: bool = False, device=None) -> dict:
+    """The analysis of `model` on `task` (a family name with `task_options`, a checkpoint directory or a
+    CheckpointConfig; see `recorder.spec_and_source` for `probe`, `tasks`, `seed`, `prompts`).
+
+    `baseline`: 'random-init' also runs the same architecture at random initialization (the probes'
+    and readouts' baseline), 'none' does not. `out`: also write the recording there, in the same pass
+    (`record --also-analyze`). `options`: the analysis knobs (`AnalyzeOptions`). `device`: where the
+    model runs ('cpu', 'cuda', 'auto'; None: where it is); the analyzers run on the CPU."""
+    from ..live import open_live  # torch: only when a model is run
+    from ..recorder import spec_and_source
+
+    opts = options or AnalyzeOptions()
+    spec, source = spec_and_source(model, task, task_options=task_options, probe=probe, tasks=tasks, seed=seed,
+                                   prompts=prompts)
+    name = name or type(model).__name__
+    with open_live(model, spec, source, name=name, out=out, batch_size=batch_size, baseline=baseline,
+                   checkpoint_sha256=checkpoint_sha256, outputs="require", progress=progress, device=device) as rec:
+        result = analyze_open(rec, opts, source=name, kind="live")
+        n_batches = rec.f.run.n_batches
+        result["live"] = {
+            "prompts": int(source.n_total), "batch_size": int(rec.f.run.batch_size), "batches": int(n_batches),
+            "forward_batches": int(rec.forward_batches) + 1,  # + batch 0, run by prepare()
+            "recording": None if out is None else str(Path(out)),
+        }
+    return result
 
 
 def _sampled_population_kernel(config, subject: Subject, params, layout, block: str, reasons) -> list[dict] | None:

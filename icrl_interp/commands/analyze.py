@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", metavar="LAYOUT.json",
                    help="prompt layout file: how to read a generic recording's residual stream (value error; alone) "
                         "and how to cut TL weights into blocks (with --family)")
-    p.set_defaults(_fields=add_fields(p, AnalyzeOptions, skip=("layout",), aliases={"probe_max_tasks": ("--probe-tasks",)}))
+    p.set_defaults(_fields=add_fields(p, AnalyzeOptions, skip=("layout", "live_tasks"), aliases={"probe_max_tasks": ("--probe-tasks",)}))
     live = p.add_argument_group("live analysis (--live: run the model and analyze its batches; nothing is written "
                                 "but the JSON)")
     live.add_argument("--live", action="store_true",
@@ -169,7 +169,7 @@ def run(args) -> int:
 def _live_rows(args, opts) -> list[dict]:
     """One live analysis per checkpoint (its own task), or of --model on --task."""
     from .. import checkpoint
-    from ..analyzers.from_model import analyze_model
+    from ..analyzers.analyze import analyze_model
     from ..analyzers.inputs import is_checkpoint
     from ..errors import UserError
 

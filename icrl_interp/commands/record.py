@@ -55,7 +55,7 @@ def run(args) -> int:
                                         device=args.device, shards=args.shards, **run_args)
         print(summary.table())
         return 0
-    from ..analyzers.from_model import analyze_model
+    from ..analyzers.analyze import analyze_model
     from ..files import write_json
     from .analyze import table
 

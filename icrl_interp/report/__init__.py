@@ -68,6 +68,10 @@ class ReportConfig:
     actor-critic); 0 disables it."""
     control_steps: int = ControlSettings.iterations
     """Closed-loop updates per MDP of that evaluation."""
+    live_tasks: int = 256
+    """Checkpoints are also run on this many prompts of their own task and their activations analyzed
+    live, nothing written (docs/analyzers.md, "Live analysis"); 0 = their weights only. Applies to the
+    default analyzer; a checkpoint you recorded is better given as its recording."""
 
     def control(self) -> ControlSettings:
         """The control settings, validated (UserError on a bad value)."""
@@ -75,6 +79,8 @@ class ReportConfig:
             value = getattr(self, name)
             check(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                   f"{name.replace('_', '-')} must be a non-negative integer, got {value!r}")
+        check(isinstance(self.live_tasks, int) and not isinstance(self.live_tasks, bool) and self.live_tasks >= 0,
+              f"live-tasks must be a non-negative integer, got {self.live_tasks!r}")
         check(self.control_steps >= 1 or self.control_mdps == 0,
               f"control-steps must be at least 1 (or disable control with control-mdps 0), got {self.control_steps}")
         return ControlSettings(mdps=self.control_mdps, iterations=self.control_steps)
@@ -94,7 +100,9 @@ def build_report(inputs: list, out_dir, config: ReportConfig | None = None, engi
     items = collect_inputs(inputs)
     results = run_batch(items, out_dir, workers=config.workers, analyzer=config.analyzer,
                         use_cache=config.use_cache, progress=config.progress, control=control,
-                        scheduler=config.scheduler, engine=engine)
+                        scheduler=config.scheduler, engine=engine,
+                        checkpoint_options={"live_tasks": config.live_tasks}
+                        if config.live_tasks and config.analyzer == DEFAULT_ANALYZER else None)
     write_summaries(results, out_dir)
     write_probe_tables(results, out_dir)  # td_probes.csv, td_probe_tasks.csv
     figures = make_figures(results, out_dir, svg=config.svg, max_recordings=config.max_recordings,

@@ -435,13 +435,15 @@ def resolve_analyzer(ref: str) -> Callable[[str], dict]:
         raise UserError(f"cannot load analyzer {ref!r}: {e}") from None
 
 
-def analyze_job(analyzer: str, path: str, control: ControlSettings | None = None) -> tuple[str, object]:
-    """Worker entry point: ('ok', analysis) or ('failed', one-line reason); never raises.
+def analyze_job(analyzer: str, path: str, control: ControlSettings | None = None,
+                options: dict | None = None) -> tuple[str, object]:
+    """Worker entry point: ('ok', analysis) or ('failed', one-line reason); never raises. `options`:
+    keyword arguments of the analyzer (the default analyzer's `live_tasks` for checkpoints).
 
     With `control`, a successful analysis also gets the closed-loop control evaluation under its
     `control` key (whose own failure is recorded there, not raised)."""
     try:
-        analysis = normalise_analysis(resolve_analyzer(analyzer)(path))
+        analysis = normalise_analysis(resolve_analyzer(analyzer)(path, **(options or {})))
     except Exception as e:  # noqa: BLE001 - every failure becomes a failed row, the batch goes on
         return "failed", one_line(e)
     if control is not None:
@@ -467,6 +469,7 @@ def run_batch(
     control: ControlSettings | None = ControlSettings(),
     scheduler: str | None = None,
     engine: Engine | None = None,
+    checkpoint_options: dict | None = None,
 ) -> list[Result]:
     """Hash every input, reuse cached analyses, analyze the rest on `engine`, else on `scheduler`
     (`cluster.choose_scheduler`: None = a LocalCluster of `workers` processes when > 1 and more than
@@ -475,8 +478,15 @@ def run_batch(
 
     With enabled `control` settings (default: ReportConfig's, 20 MDPs x 200 updates; None or 0 MDPs
     disables), sarsa / actor-critic checkpoints also get a closed-loop control evaluation in the
-    same job (see control_eval)."""
+    same job (see control_eval). `checkpoint_options`: keyword arguments of the analyzer for checkpoint
+    inputs (e.g. `{"live_tasks": 256}`: their activations analyzed live); part of their cache key."""
     cache_dir = Path(out_dir) / "cache"
+
+    def key_of(item: ReportInput) -> str:
+        """The cache's analyzer entry: the analyzer, and the options it gets for this input."""
+        opts = checkpoint_options if item.kind == "checkpoint" else None
+        return analyzer + (" " + json.dumps(opts, sort_keys=True) if opts else "")
+
     results: list[Result] = []
     todo: list[int] = []
     controls: dict[int, ControlSettings] = {}
@@ -502,7 +512,7 @@ def run_batch(
                 continue
             ctl = control_for(item)
             ctl_key = ctl.key() if ctl else None
-            cached = load_cached(cache_dir, sha, analyzer, ctl_key) if use_cache else None
+            cached = load_cached(cache_dir, sha, key_of(item), ctl_key) if use_cache else None
             results.append(Result(item, "pending", sha256=sha, cached=bool(cached)))
             if cached:
                 results[-1].set_analysis(cached)
@@ -516,13 +526,14 @@ def run_batch(
         if status == "ok":
             r.set_analysis(value)
             ctl = controls.get(i)
-            store_cached(cache_dir, r.sha256, analyzer, value, ctl.key() if ctl else None)
+            store_cached(cache_dir, r.sha256, key_of(r.input), value, ctl.key() if ctl else None)
         else:
             # analyzers name the file in their messages; the row names it already
             prefix = f"{r.input.path}: "
             r.status, r.error = "failed", str(value)[len(prefix):] if str(value).startswith(prefix) else str(value)
 
-    jobs = [(analyzer, str(results[i].input.path), controls.get(i)) for i in todo]
+    jobs = [(analyzer, str(results[i].input.path), controls.get(i),
+             checkpoint_options if results[i].input.kind == "checkpoint" else None) for i in todo]
     with engine_for(engine, scheduler, len(todo), workers) as eng:
         # a task whose workers kept dying (out of memory, killed) fails its row; the batch goes on
         eng.map(analyze_job, jobs, desc="analyzing", progress=progress, on_result=lambda k, v: finish(todo[k], *v),

@@ -52,11 +52,11 @@ KEYS = ("family", "seeds", *TABLES)
 """Top-level keys of a grid file."""
 NOT_SWEPT = ("family", "seed", "run_id")
 """Config fields set elsewhere: the family and seeds at the top level, the run id by the trainer."""
-REPORT_FIELDS = ("title", "max_recordings", "svg", "embed", "control_mdps", "control_steps", "use_cache")
+REPORT_FIELDS = ("title", "max_recordings", "svg", "embed", "control_mdps", "control_steps", "use_cache", "live_tasks")
 """ReportConfig fields a grid file's [report] table may set (not where the analyses run: the sweep's
 scheduler decides that)."""
 REPORT_TYPES = {"title": "str", "max_recordings": "int", "svg": "bool", "embed": "bool", "control_mdps": "int",
-                "control_steps": "int", "use_cache": "bool"}
+                "control_steps": "int", "use_cache": "bool", "live_tasks": "int"}
 
 
 @dataclass

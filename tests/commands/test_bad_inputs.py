@@ -149,6 +149,8 @@ ROWS = [
      "--also-analyze records a new file"),
     ("record-also-analyze-shards", ["record", "{t}/ck", "--out", "{t}/r.h5", "--also-analyze", "--shards", "2"], ck,
      "--also-analyze writes one file"),
+    ("report-negative-live-tasks", ["report", "{t}/ck", "--out", "{t}/rep", "--live-tasks", "-1"], ck,
+     "live-tasks must be a non-negative integer"),
     ("analyze-live-bad-device", ["analyze", "{t}/ck", "--live", "--device", "tpu"], ck,
      "--device must be one of auto, cpu, cuda, got 'tpu'"),
     # --- A: the user's data is never replaced, and no output lands on an input

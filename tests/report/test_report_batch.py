@@ -210,7 +210,7 @@ def test_real_analyzer_on_a_theta_star_checkpoint(tmp_path, capsys):
     (broken / "config.json").write_text((theta / "config.json").read_text())
     (broken / "model.safetensors").write_bytes(b"\x00" * 16)
     out = tmp_path / "out"
-    assert main(["report", str(theta), str(broken), "--out", str(out), "--workers", "1"]) == 1
+    assert main(["report", str(theta), str(broken), "--out", str(out), "--workers", "1", "--live-tasks", "0"]) == 1
     rows = {r["input"]: r for r in json.loads((out / "summary.json").read_text())["rows"]}
     good, bad = rows[str(theta)], rows[str(broken)]
     assert (good["status"], good["family"], good["source"]) == ("ok", "sarsa", "theta_star")
@@ -220,6 +220,35 @@ def test_real_analyzer_on_a_theta_star_checkpoint(tmp_path, capsys):
     assert good["weights.manifold.scale"] == pytest.approx(-2.5, abs=1e-12)
     assert bad["status"] == "failed" and bad["error"]
     assert (out / "figures" / "sarsa-block-norms.png").is_file()
+    # by default a checkpoint's activations are analyzed live; this one's task (d = 3 against 36
+    # one-hot state-actions) cannot be sampled: its row keeps the weights and says why it is partial
+    again = tmp_path / "again"
+    assert main(["report", str(theta), "--out", str(again), "--workers", "1"]) == 0
+    row = json.loads((again / "summary.json").read_text())["rows"][0]
+    assert row["status"] == "partial" and row["weights.manifold.scale"] == pytest.approx(-2.5, abs=1e-12)
+    assert "the live run on the checkpoint's own task failed" in row["reasons"]
+
+
+def test_checkpoints_are_analyzed_live_by_default_and_cached_by_their_setting(tmp_path):
+    from icrl_interp.analyzers.analyze import analyze
+
+    star = tmp_path / "star"
+    assert main(["construct", "linear-td", "--out", str(star)]) == 0
+    out = tmp_path / "out"
+    assert main(["report", str(star), "--out", str(out), "--workers", "1", "--live-tasks", "48"]) == 0
+    row = json.loads((out / "summary.json").read_text())["rows"][0]
+    live = analyze(star, live_tasks=48)  # the analysis of the recording of 48 prompts, run live
+    assert live["kind"] == "checkpoint" and live["activations"]["n_prompts"] == 48
+    assert row["activations.layers.0.td_probe_r2"] == pytest.approx(live["activations"]["layers"][0]["td_probe_r2"])
+    assert row["activations.layers.0.value_error"] == pytest.approx(live["activations"]["layers"][0]["value_error"])
+    plain = tmp_path / "plain"
+    assert main(["report", str(star), "--out", str(plain), "--workers", "1", "--live-tasks", "0"]) == 0
+    row0 = json.loads((plain / "summary.json").read_text())["rows"][0]
+    assert row0.get("activations.layers.0.td_probe_r2") is None  # weights only
+    # the setting is part of the cache key: a cached weights-only analysis is not reused for a live one
+    assert main(["report", str(star), "--out", str(plain), "--workers", "1", "--live-tasks", "48"]) == 0
+    again = json.loads((plain / "summary.json").read_text())["rows"][0]
+    assert again["activations.layers.0.td_probe_r2"] == pytest.approx(row["activations.layers.0.td_probe_r2"])
 
 
 def test_report_modules_import_neither_torch_nor_transformer_lens():
