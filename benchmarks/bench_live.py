@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bench_record import _best, _model_and_prompts, _peak_rss_kib
+from bench_record import _best, _model_and_prompts, _peak_rss_kib, workload_parser
 from icrl_interp import checkpoint, probe_spec, recorder
 from icrl_interp.analyzers.analyze import analyze
 from icrl_interp.analyzers.analyze import analyze_model
@@ -101,17 +101,7 @@ def bench_memory(sizes=(1_000, 10_000, 100_000, 200_000), budgets=(128.0, 16.0))
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--family", default="softmax-td", choices=["linear-td", "softmax-td"])
-    p.add_argument("--prompts", type=int, default=2048)
-    p.add_argument("--n", type=int, default=32, help="context length")
-    p.add_argument("--d", type=int, default=10)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--skip-memory", action="store_true")
-    p.add_argument("--rss-child", type=int, help=argparse.SUPPRESS)
+    p = workload_parser(__doc__, prompts=2048, n=32, batch_size=256, repeats=2)
     p.add_argument("--chunk-mib", type=float, default=128.0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rss_child:

@@ -138,18 +138,25 @@ def bench_memory() -> None:
           f"100,000 prompts {rss[100_000]:.0f} MiB (difference {rss[100_000] - rss[1_000]:+.0f} MiB)")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def workload_parser(doc: str, prompts: int, n: int, batch_size: int, repeats: int) -> argparse.ArgumentParser:
+    """The options of a θ* workload benchmark (this one and bench_live.py): model, prompts, repeats,
+    threads, and the hidden per-process memory measurement."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", default="softmax-td", choices=["linear-td", "softmax-td"])
-    p.add_argument("--prompts", type=int, default=8192)
-    p.add_argument("--n", type=int, default=64, help="context length")
+    p.add_argument("--prompts", type=int, default=prompts)
+    p.add_argument("--n", type=int, default=n, help="context length")
     p.add_argument("--d", type=int, default=10)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=512)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--repeats", type=int, default=repeats)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--rss-child", type=int, help=argparse.SUPPRESS)
+    return p
+
+
+def main() -> None:
+    p = workload_parser(__doc__, prompts=8192, n=64, batch_size=512, repeats=3)
     args = p.parse_args()
     if args.rss_child:
         _rss_child(args.rss_child)

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from icrl_interp import checkpoint, cli, probe_spec, recorder, registry
-from icrl_interp.analyzers.analyze import AnalyzeOptions, analyze
-from icrl_interp.analyzers.analyze import analyze_model
+from icrl_interp.analyzers.analyze import AnalyzeOptions, analyze, analyze_model
 from icrl_interp.capture import attached_hook_count
 from icrl_interp.live import open_live
 
