@@ -2,8 +2,8 @@
 
 Runs on embedded defaults only (no flags, no network): builds the theta* of each
 registered family with demo options (`registry.Family.demo`), takes the small trained checkpoints shipped in `data/checkpoints/`,
-records a few hundred prompts through each, analyzes everything and writes a
-report directory with a one-screen summary.
+records a few hundred prompts through each, analyzes everything (with the shipped runs' training
+snapshots, for metrics against training step) and writes a report directory with a one-screen summary.
 """
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ from . import outputs, registry, resources
 from .errors import UserError
 
 DATA_DIR = resources.checkpoints_dir()
+LIVE_TASKS = 64
+"""Prompts each checkpoint (theta*, shipped, snapshot) is also analyzed live on in the report, so the
+snapshots' activation metrics (e.g. Wang's VD / SS) appear over training without recording them."""
 """Shipped trained checkpoints (one directory per family, or per run; see `resources` for wheel vs checkout)."""
 
 
@@ -38,11 +41,22 @@ class DemoConfig:
     """Families whose theta* the demo builds (None: every registered family with `demo` options)."""
 
 
-def shipped_checkpoints(root: Path = DATA_DIR) -> list[Path]:
-    """Every checkpoint directory under data/checkpoints/ (a folder holding config.json)."""
+def _checkpoint_dirs(root: Path) -> list[Path]:
     if not root.exists():
         return []
     return sorted(p.parent for p in root.rglob("config.json") if (p.parent / "model.safetensors").exists())
+
+
+def shipped_checkpoints(root: Path = DATA_DIR) -> list[Path]:
+    """Every checkpoint directory under data/checkpoints/ (a folder holding config.json), training
+    snapshots (`shipped_snapshots`) apart."""
+    return [p for p in _checkpoint_dirs(root) if resources.SNAPSHOTS not in p.relative_to(root).parts]
+
+
+def shipped_snapshots(checkpoints: list[Path]) -> list[Path]:
+    """The earlier checkpoints of these shipped runs (`<checkpoint>/snapshots/step_*/`): with the final
+    checkpoints they give the report's metrics-over-training view."""
+    return [p for c in checkpoints for p in _checkpoint_dirs(c / resources.SNAPSHOTS)]
 
 
 def reproduction_lines(paths: list[Path]) -> list[str]:
@@ -133,9 +147,11 @@ def run_demo(config: DemoConfig) -> int:
                                   checkpoint_sha256=checkpoint.sha256(path), progress=True)
         recordings.append(summary.path)
 
-    inputs = [p for _, p in models] + recordings
+    # the shipped runs' earlier checkpoints: with the final ones they draw each metric against training step
+    snapshots = shipped_snapshots(shipped)
+    inputs = [p for _, p in models] + snapshots + recordings
     outcome = build_report(inputs, out, ReportConfig(workers=config.workers, title="icrl-interp demo report",
-                                                        live_tasks=0))
+                                                        live_tasks=min(LIVE_TASKS, n_prompts)))
     write_figure_manifest(out, outcome.figures)
     print()
     print(text_table(outcome.results))

@@ -22,6 +22,9 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
+SNAPSHOTS = "snapshots"
+"""Subfolder of a shipped or exported checkpoint holding earlier checkpoints of its training run
+(`snapshots/step_000100/`: model + config), for metrics against training step."""
 SHIPPED_SUBDIR = "_shipped"
 """Folder inside the installed package that holds the mapped top-level folders."""
 

@@ -46,3 +46,16 @@ def test_demo_counts_a_failure_with_an_empty_message(tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(demo, "run_demo", lambda config: 1)
     assert demo_command.run(argparse.Namespace(_fields=[])) == 1
+
+
+def test_demo_reports_the_shipped_runs_snapshots(tmp_path):
+    """Snapshots under a shipped checkpoint are not shipped checkpoints themselves (the demo records only the
+    final ones) but go to the report with them, so it draws metrics against training step."""
+    cfg = D.config_for("sarsa")
+    root = tmp_path / "checkpoints"
+    final = D.write_checkpoint(root / "sarsa", cfg, D.theta_params(cfg))
+    snaps = [D.write_checkpoint(root / "sarsa" / "snapshots" / f"step_{s:06d}", cfg, D.theta_params(cfg)) for s in (20, 10)]
+    (root / "sarsa" / "snapshots" / "step_000030").mkdir()  # no checkpoint in it: ignored
+    assert demo.shipped_checkpoints(root) == [final]
+    assert demo.shipped_snapshots([final]) == sorted(snaps)
+    assert demo.shipped_snapshots([]) == []

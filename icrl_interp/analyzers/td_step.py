@@ -16,6 +16,8 @@ at 0 or at a real root of its derivative.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from jaxtyping import Float, Int
 
@@ -102,15 +104,68 @@ class AlphaFit:
         return min(cand, key=self.mean_vd)
 
 
+def _triangle(m: Float[Array, "batch r k"], k: int) -> Float[Array, "batch k k"]:
+    """R of a thin QR of each m (|R a| = |m a| for every a), zero-padded to k x k rows."""
+    r = np.linalg.qr(m, mode="r")
+    out = np.zeros((m.shape[0], k, k))
+    out[:, : r.shape[1]] = r[:, :k]
+    return out
+
+
+@dataclass
+class PromptSummary:
+    """What VD / SS / IWS of one evaluation prompt need at a step alpha not yet known: O(L^2) numbers
+    instead of the prompt's states and features. With a = (1, alpha, ..., alpha^L) and w_L(alpha) = C^T a:
+
+    VD  = sum_s mu_s (v_s - phi_s . C^T a)^2 = |R_vd a|^2   (R_vd: QR of the mu-weighted residual polynomial)
+    SS  = sum_s mu_s cos(g_s, w) = (C gbar) . a / |w|       (gbar = sum_s mu_s g_s / |g_s|)
+    IWS = cos(w_wls, w)        = (C w_wls / |w_wls|) . a / |w|
+    |w| = |R_w a|                                            (R_w: QR of C^T)
+
+    The QR factors keep VD exact near 0 (no squared cancellation as in a sum of polynomial coefficients);
+    the cosines equal `convergence.vd_ss_iws`'s to rounding, NaN where it gives NaN (a zero gradient)."""
+
+    task_id: Int[Array, " batch"]
+    r_vd: Float[Array, "batch k k"]
+    r_w: Float[Array, "batch k k"]
+    ss_num: Float[Array, "batch k"]
+    iws_num: Float[Array, "batch k"]
+
+    @classmethod
+    def of(cls, task_id, v_tf, grad_tf, coef, phi, mu) -> "PromptSummary":
+        k = coef.shape[1]
+        resid = -np.einsum("bsd,bkd->bsk", phi, coef)
+        resid[..., 0] += v_tf
+        with np.errstate(invalid="ignore", divide="ignore"):
+            unit_g = grad_tf / np.linalg.norm(grad_tf, axis=-1, keepdims=True)
+            w_wls = convergence.wls_weights(phi, mu, v_tf)
+            unit_wls = w_wls / np.linalg.norm(w_wls, axis=-1, keepdims=True)
+        return cls(np.asarray(task_id), _triangle(np.sqrt(mu)[..., None] * resid, k),
+                   _triangle(np.swapaxes(coef, 1, 2), k),
+                   np.einsum("bkd,bd->bk", coef, np.einsum("bs,bsd->bd", mu, unit_g)),
+                   np.einsum("bkd,bd->bk", coef, unit_wls))
+
+    @classmethod
+    def concat(cls, parts: list["PromptSummary"]) -> "PromptSummary":
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("task_id", "r_vd", "r_w", "ss_num", "iws_num")))
+
+    def metrics(self, alpha: float) -> dict[str, np.ndarray]:
+        a = float(alpha) ** np.arange(self.r_vd.shape[-1])
+        w_norm = np.linalg.norm(self.r_w @ a, axis=-1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return {"VD": np.sum((self.r_vd @ a) ** 2, axis=-1),
+                    "SS": (self.ss_num @ a) / w_norm, "IWS": (self.iws_num @ a) / w_norm}
+
+
 class WangEvaluation:
     """Wang et al.'s VD / SS / IWS against batch TD at the fitted step (or a given one), fed per batch of
-    prompts: calibration prompts feed `AlphaFit`, evaluation prompts are kept (compactly, at most
-    EVAL_MAX_PROMPTS) until the step is known."""
+    prompts: calibration prompts feed `AlphaFit`; evaluation prompts are kept as `PromptSummary`s
+    (O(L^2) numbers each, at most EVAL_MAX_PROMPTS of them) until the step is known."""
 
     def __init__(self, n_iters: int, alpha: float | None = None):
         self.fit = AlphaFit(n_iters)
         self.given = alpha
-        self.kept: list[tuple] = []
+        self.kept: list[PromptSummary] = []
         self.n_kept = 0
         self.n_eval = 0
 
@@ -124,7 +179,7 @@ class WangEvaluation:
         self.n_eval += ev.size
         ev = ev[: max(0, EVAL_MAX_PROMPTS - self.n_kept)]
         if ev.size:
-            self.kept.append(tuple(np.asarray(a)[ev] for a in (task_id, v_tf, grad_tf, coef, phi, mu)))
+            self.kept.append(PromptSummary.of(*(np.asarray(x)[ev] for x in (task_id, v_tf, grad_tf, coef, phi, mu))))
             self.n_kept += ev.size
 
     def result(self) -> tuple[dict, dict]:
@@ -133,15 +188,14 @@ class WangEvaluation:
         if not self.kept:
             raise UserError("no evaluation task for VD/SS/IWS (too few tasks: they are split in halves by task id)")
         alpha = self.given if self.given is not None else self.fit.alpha()
-        task_id, v_tf, grad_tf, coef, phi, mu = (np.concatenate(x) for x in zip(*self.kept))
-        w_td = weights_at(coef, alpha)
-        v_td = np.einsum("bsd,bd->bs", phi, w_td)
-        m = convergence.vd_ss_iws(v_tf, v_td, grad_tf, np.broadcast_to(w_td[:, None, :], grad_tf.shape), phi, mu, w_td)
+        kept = PromptSummary.concat(self.kept)
+        self.kept = [kept]
+        m = kept.metrics(alpha)
         out = {"alpha": float(alpha),
                "alpha_source": "given" if self.given is not None else "fitted",
                "alpha_calibration_vd": None if self.given is not None else max(0.0, self.fit.mean_vd(alpha)),
                "n_calibration_prompts": self.fit.count,
                **{k: float(np.nanmean(v)) for k, v in m.items()},
-               "n_tasks": int(np.unique(task_id).size), "n_prompts": int(task_id.size),
+               "n_tasks": int(np.unique(kept.task_id).size), "n_prompts": int(kept.task_id.size),
                "n_eval_prompts_total": self.n_eval}
-        return out, {"task_id": task_id, **m}
+        return out, {"task_id": kept.task_id, **m}

@@ -24,7 +24,9 @@ def _general(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="JSON file with config fields (flags override it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
-    p.add_argument("--export", metavar="DIR", help="after training, copy the final checkpoint + metrics + config to DIR")
+    p.add_argument("--export", metavar="DIR", help="after training, copy the final checkpoint + metrics + config to DIR, "
+                   "and the earlier checkpoints to DIR/snapshots/step_*/ (model + config, for metrics over training)")
+    p.add_argument("--no-snapshots", action="store_true", help="with --export: the final checkpoint only")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: fastest for these tiny matmuls)")
     devices.add_argument(p, "the training steps run (the evaluation runs on the CPU)")
 
@@ -184,5 +186,5 @@ def run(args) -> int:
     if args.export:
         from ..train.trainer import export_final
 
-        print(f"exported to {export_final(result.run_dir, args.export)}")
+        print(f"exported to {export_final(result.run_dir, args.export, snapshots=not args.no_snapshots)}")
     return 0

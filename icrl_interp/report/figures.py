@@ -507,6 +507,10 @@ TREND_METRICS = [
     ("TD-probe selectivity (last layer)", "R² − max baseline R²", lambda r: last_layer(r, "td_probe_selectivity"), None, False),
     ("value error (last layer)", "mean value error (log; the depth figure's axis says which)",
      lambda r: last_layer(r, "value_error"), None, True),
+    ("Wang et al.'s SS vs batch TD at the fitted step", "sensitivity similarity (θ* = 1)",
+     lambda r: num(get(r.analysis, "activations", "wang_metrics", "SS")), 1.0, False),
+    ("Wang et al.'s VD vs batch TD at the fitted step", "value difference (log; θ* = 0)",
+     lambda r: num(get(r.analysis, "activations", "wang_metrics", "VD")), None, True),
 ]
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .. import devices
+from ..resources import SNAPSHOTS
 from ..errors import UserError, check, one_line
 from ..files import atomic_dir, write_atomic
 from .config import TrainConfig, config_from_dict
@@ -288,19 +289,26 @@ def is_run_dir(path) -> bool:
     return isinstance(data, dict) and isinstance(data.get("run_id"), str) and isinstance(data.get("family"), str)
 
 
-def export_final(run_dir, out_dir) -> Path:
+def export_final(run_dir, out_dir, snapshots: bool = True) -> Path:
     """Copy a finished run's last checkpoint (model + config, no optimizer state), its training
-    config and final metrics into `out_dir` (e.g. data/checkpoints/<family>/); atomic."""
+    config and final metrics into `out_dir` (e.g. data/checkpoints/<family>/); with `snapshots`, every
+    earlier checkpoint too, under `out_dir/snapshots/step_NNNNNN/` (model + config: what a report needs to
+    draw each metric against training step). Atomic: the whole folder appears at once."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     ckpts = list_checkpoints(run_dir)
     check(bool(ckpts), f"{run_dir} has no checkpoints to export")
     check((run_dir / "final_metrics.json").is_file(), f"{run_dir} has no final_metrics.json (is the run finished?)")
-    src = ckpts[-1][1]
     cfg = json.loads((run_dir / "config.json").read_text())
     cfg.pop("run_id", None)
     with atomic_dir(out_dir) as tmp:
-        for name in ("model.safetensors", "config.json"):
-            shutil.copy2(src / name, tmp / name)
+        for i, (_, src) in enumerate(ckpts):
+            last = i == len(ckpts) - 1
+            if not (last or snapshots):
+                continue
+            dst = tmp if last else tmp / SNAPSHOTS / src.name
+            dst.mkdir(parents=True, exist_ok=True)
+            for name in ("model.safetensors", "config.json"):
+                shutil.copy2(src / name, dst / name)
         shutil.copy2(run_dir / "final_metrics.json", tmp / "final_metrics.json")
         (tmp / "train_config.json").write_text(json.dumps(cfg, indent=1) + "\n")
     return out_dir

@@ -132,3 +132,36 @@ def test_analyze_and_train_give_the_same_numbers_on_the_same_tasks(off_step, tmp
         assert abs(a["alpha"] - 1.0) > 0.02 and checkpoint.read(ck)[0].model.alpha == 1.0
     assert t["VD"] == pytest.approx(a["VD"], rel=1e-4, abs=1e-12)
     assert t["SS"] == pytest.approx(a["SS"], abs=1e-6) and t["IWS"] == pytest.approx(a["IWS"], abs=1e-6)
+
+
+@pytest.mark.parametrize("L,S,d", [(3, 5, 3), (1, 7, 2), (6, 4, 5)])
+def test_prompt_summary_gives_the_direct_metrics_at_any_step(L, S, d):
+    """The O(L^2) summary kept per evaluation prompt reproduces `convergence.vd_ss_iws` at every alpha, with a
+    per-state gradient (a wrong weighting of the unit gradients, or of the residual, changes SS / VD)."""
+    phi, nxt, r, states, mu = _td_data(B=20, d=d, S=S, seed=L)
+    rng = np.random.default_rng(7)
+    coef = td_step.td_weight_polynomial(phi, 0.8 * nxt, r, L)
+    v, g = rng.standard_normal(mu.shape), rng.standard_normal((20, S, d))
+    g[0, 1] = 0.0  # a zero gradient: its cosine is undefined, so that prompt's SS is NaN in both
+    summary = td_step.PromptSummary.of(np.arange(20), v, g, coef, states, mu)
+    assert summary.r_vd.shape == summary.r_w.shape == (20, L + 1, L + 1)  # independent of S and d
+    for alpha in (0.0, 0.3, 1.4):
+        w = td_step.weights_at(coef, alpha)
+        want = convergence.vd_ss_iws(v, np.einsum("bsd,bd->bs", states, w), g, np.broadcast_to(w[:, None], g.shape),
+                                     states, mu, w)
+        got = summary.metrics(alpha)
+        for k in ("VD", "SS", "IWS"):
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-10, atol=1e-13)
+    assert np.isnan(summary.metrics(0.3)["SS"][0]) and not np.isnan(summary.metrics(0.3)["SS"][1:]).any()
+
+
+def test_prompt_summary_keeps_a_zero_value_difference_exact():
+    """A model that is batch TD exactly has VD ~ 1e-32, not the ~1e-16 that summing polynomial coefficients
+    would leave (the QR factor keeps the residual, not its square)."""
+    phi, nxt, r, states, mu = _td_data(B=16, seed=4)
+    coef = td_step.td_weight_polynomial(phi, 0.9 * nxt, r, 3)
+    w = td_step.weights_at(coef, 0.55)
+    v = 1e3 * np.einsum("bsd,bd->bs", states, w)
+    summary = td_step.PromptSummary.of(np.arange(16), v, np.broadcast_to(w[:, None], states.shape), 1e3 * coef, states, mu)
+    m = summary.metrics(0.55)
+    assert m["VD"].max() < 1e-20 and np.allclose(m["SS"], 1.0, atol=1e-12) and np.allclose(m["IWS"], 1.0, atol=1e-9)

@@ -24,8 +24,19 @@ def test_cli_trains_exports_and_reports_errors(tmp_path, capsys):
     code = cli.main(["train", "sarsa", "--out", str(tmp_path / "run"), "--config", str(cfg), "--steps", "4", "--no-progress",
                      "--export", str(tmp_path / "ship")])
     assert code == 0
-    assert sorted(p.name for p in (tmp_path / "ship").iterdir()) == ["config.json", "final_metrics.json", "model.safetensors", "train_config.json"]
+    assert sorted(p.name for p in (tmp_path / "ship").iterdir()) == ["config.json", "final_metrics.json", "model.safetensors",
+                                                                     "snapshots", "train_config.json"]
     assert json.loads((tmp_path / "ship/train_config.json").read_text())["steps"] == 4
+    # the earlier checkpoint is a snapshot (model + config, its own step); the final one is the exported model
+    snap = tmp_path / "ship" / "snapshots" / "step_000002"
+    assert sorted(p.name for p in (tmp_path / "ship" / "snapshots").iterdir()) == ["step_000002"]
+    assert sorted(p.name for p in snap.iterdir()) == ["config.json", "model.safetensors"]
+    origin = [json.loads((d / "config.json").read_text())["origin"] for d in (snap, tmp_path / "ship")]
+    assert [o["step"] for o in origin] == [2, 4] and origin[0]["run_id"] == origin[1]["run_id"]
+    assert (snap / "model.safetensors").read_bytes() != (tmp_path / "ship" / "model.safetensors").read_bytes()
+    assert cli.main(["train", "sarsa", "--out", str(tmp_path / "run"), "--config", str(cfg), "--steps", "4", "--no-progress",
+                     "--export", str(tmp_path / "ship2"), "--no-snapshots"]) == 0
+    assert not (tmp_path / "ship2" / "snapshots").exists()
     capsys.readouterr()
     assert cli.main(["train", "sarsa", "--out", str(tmp_path / "x"), "--steps", "0"]) == 2
     assert "steps must be a positive integer" in capsys.readouterr().err

@@ -148,3 +148,17 @@ def test_missing_and_malformed_fields_never_crash(drawn, tmp_path):
     assert {i.key for i in infos} <= {i.key for i in full}
     for r in odd:
         headline.formatted(r)  # the table copes as well
+
+
+def test_training_view_follows_wang_metrics_from_live_or_recorded_activations():
+    """The metrics-over-training panels read Wang's SS / VD where analyze puts them (activations.wang_metrics),
+    so a linear-td run's snapshots, analyzed live, show the emergence; absent metrics give no point."""
+    from types import SimpleNamespace
+
+    specs = {spec[0]: spec for spec in figures.TREND_METRICS}
+    ss = next(v for k, v in specs.items() if "SS" in k)
+    vd = next(v for k, v in specs.items() if "VD" in k)
+    r = SimpleNamespace(analysis={"activations": {"wang_metrics": {"SS": 0.93, "VD": 0.012, "IWS": 0.5}}})
+    assert ss[2](r) == 0.93 and ss[3] == 1.0 and not ss[4]
+    assert vd[2](r) == 0.012 and vd[4]  # log scale: VD falls over orders of magnitude
+    assert ss[2](SimpleNamespace(analysis={"activations": None})) is None
