@@ -16,7 +16,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "icrl_interp"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("icrl_interp._version", "icrl_interp.errors", "icrl_interp.validate", "icrl_interp.files",
+    ("base", ("icrl_interp._version", "icrl_interp.errors", "icrl_interp.validate", "icrl_interp.files", "icrl_interp.heap",
               "icrl_interp.resources", "icrl_interp.cli_fields", "icrl_interp.outputs", "icrl_interp.devices",
               "icrl_interp.cluster")),
     ("tasks", ("icrl_interp.envs", "icrl_interp.layouts")),

@@ -301,6 +301,7 @@ def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False) -> Ite
     """
     from tqdm.auto import tqdm
 
+    from ..heap import release_free_memory
     from ..recording import BF16, bf16_to_float32
 
     N = rec.n_prompts
@@ -323,6 +324,8 @@ def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False) -> Ite
                 data[p] = bf16_to_float32(raw) if bf16 else raw
             ahead.hint(stop, stop + rows)
             yield start, stop, data
+            del data
+            release_free_memory()  # the chunk's arrays are freed: keep peak memory flat in the prompts
             bar.update(stop - start)
     finally:
         bar.close()

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from icrl_interp import heap
 from icrl_interp.analyzers import inputs
 from icrl_interp.errors import UserError
 
@@ -94,7 +95,7 @@ def test_family_dims_and_layouts_of_configs():
     assert inputs.layout_from_config(cfg) == inputs.layout_from_config(cfg.to_dict()) == cfg.model.layout
 
 
-def test_chunked_reading_with_read_ahead_returns_the_file_contents(tmp_path):
+def test_chunked_reading_with_read_ahead_returns_the_file_contents(tmp_path, monkeypatch):
     from icrl_interp.recording import Recording
 
     p = D.write_recording(tmp_path / "r.h5", "softmax-td", n_prompts=70, batch=20, bf16=True)
@@ -105,11 +106,22 @@ def test_chunked_reading_with_read_ahead_returns_the_file_contents(tmp_path):
         ahead.hint(0, 30)
         ahead.close()
         seen = 0
+        trims = []
+        monkeypatch.setattr(heap, "release_free_memory", lambda: trims.append(seen))
         for start, stop, data in inputs.iter_chunks(rec, paths, rows=16):
             assert stop - start == min(16, 70 - start)
+            assert len(trims) == start // 16  # the heap is trimmed once after each chunk
             np.testing.assert_array_equal(data[paths[0]], rec.read("blocks.0.attn.hook_pattern", start, stop))
             assert data[paths[0]].dtype == np.float32  # bfloat16 decoded
             np.testing.assert_array_equal(data["prompts/z"], rec.array("prompts/z", start, stop))
             seen += stop - start
-        assert seen == 70
+        assert seen == 70 and len(trims) == 5
     assert inputs.chunk_rows(10, 35, 100) == 2 and inputs.chunk_rows(1, 2**20, 7) == 8
+
+
+def test_heap_release_runs_where_the_c_library_has_malloc_trim():
+    import platform
+
+    glibc = platform.libc_ver()[0] == "glibc"
+    assert heap.release_free_memory() is glibc  # glibc (Linux, CI): trimmed; elsewhere a no-op that says so
+    assert heap.release_free_memory() is glibc
