@@ -11,7 +11,7 @@ and the population kernel's diagonal (mean, min, margin over (1 + gamma)/2) are 
 If the best objective sits at a scale whose kernel is below the margin, and the objective rises as the scale
 pushes the kernel past it, the margin is not where this objective's optimum is at this context length,
 so longer training cannot reach it; running the same at a longer context `--n`, or with more layers
-`--layers` (tied models: the same weights applied more times), shows what moves the optimum past the margin. Seeds are fixed: the same command prints the same numbers.
+`--layers` (tied models: the same score applied more times, the value rows scaled by L0 / L before the refit), shows what moves the optimum past the margin. Seeds are fixed: the same command prints the same numbers.
 """
 from __future__ import annotations
 
@@ -42,7 +42,11 @@ def _load(path: Path, layers: int | None = None):
         if not model.config.tied:
             raise SystemExit("--layers needs a tied model (one set of weights for every layer)")
         deeper = empty_model(dataclasses.replace(model.config, n_layers=layers))
-        deeper.load_state_dict(model.state_dict())
+        state = model.state_dict()
+        for name in state:  # the same total step over more layers: the value rows start at L0 / L of theirs
+            if name.rsplit(".", 1)[-1] in ("V", "V_target"):
+                state[name] = state[name] * (model.config.n_layers / layers)
+        deeper.load_state_dict(state)
         model, cfg = deeper, dataclasses.replace(cfg, n_layers=layers)
     return model, cfg
 
