@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .files import write_atomic
+from .resources import SNAPSHOTS
 
 SCHEMA_PREFIX = "icrl_interp."
 CHECKPOINT_FILES = frozenset({"config.json", "model.safetensors", "final_metrics.json", "train_config.json",
@@ -72,13 +73,21 @@ def _hdf5_ours(path: Path) -> bool:
     return isinstance(schema, str) and schema.startswith(SCHEMA_PREFIX)
 
 
-def is_checkpoint_dir(path) -> bool:
-    """A directory of checkpoint files only, whose config.json has the package's `format_version`."""
+def is_checkpoint_dir(path, snapshots: bool = True) -> bool:
+    """A directory of checkpoint files only, whose config.json has the package's `format_version`; an
+    exported run's `snapshots/` folder of such directories (`train --export`) is part of it."""
     path = Path(path)
     try:
         entries = list(path.iterdir()) if path.is_dir() else []
-        if not entries or any(p.name not in CHECKPOINT_FILES or p.is_symlink() or not p.is_file() for p in entries):
+        if not entries:
             return False
+        for p in entries:
+            if snapshots and p.name == SNAPSHOTS and p.is_dir() and not p.is_symlink():
+                steps = list(p.iterdir())
+                if not steps or not all(not s.is_symlink() and is_checkpoint_dir(s, snapshots=False) for s in steps):
+                    return False
+            elif p.name not in CHECKPOINT_FILES or p.is_symlink() or not p.is_file():
+                return False
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError, RecursionError):
         return False

@@ -131,3 +131,20 @@ def test_building_the_cli_imports_no_torch():
             "train.add_arguments(p); p.format_help(); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_an_exported_run_with_snapshots_counts_as_the_packages_own_output(tmp_path):
+    """--force may replace an exported checkpoint (snapshots included), never a folder with foreign files in it."""
+    from icrl_interp import outputs
+
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"family": "sarsa", **SARSA, "checkpoint_every": 1}))
+    assert cli.main(["train", "sarsa", "--out", str(tmp_path / "run"), "--config", str(cfg), "--steps", "2", "--no-progress",
+                     "--export", str(tmp_path / "ship")]) == 0
+    ship = tmp_path / "ship"
+    assert (ship / "snapshots" / "step_000001").is_dir() and outputs.is_ours(ship)
+    (ship / "snapshots" / "notes.txt").write_text("mine")
+    assert not outputs.is_ours(ship)
+    (ship / "snapshots" / "notes.txt").unlink()
+    (ship / "snapshots" / "step_000001" / "notes.txt").write_text("mine")
+    assert not outputs.is_ours(ship)
