@@ -17,10 +17,10 @@ from . import outputs, registry, resources
 from .errors import UserError
 
 DATA_DIR = resources.checkpoints_dir()
+"""Shipped trained checkpoints (one directory per family, or per run; see `resources` for wheel vs checkout)."""
 LIVE_TASKS = 64
 """Prompts each checkpoint (theta*, shipped, snapshot) is also analyzed live on in the report, so the
 snapshots' activation metrics (e.g. Wang's VD / SS) appear over training without recording them."""
-"""Shipped trained checkpoints (one directory per family, or per run; see `resources` for wheel vs checkout)."""
 
 
 @dataclass

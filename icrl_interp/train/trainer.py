@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from .. import devices
-from ..resources import SNAPSHOTS
 from ..errors import UserError, check, one_line
 from ..files import atomic_dir, write_atomic
+from ..resources import SNAPSHOTS
 from .config import TrainConfig, config_from_dict
 from .evaluate import EVAL_STREAM, evaluate_run  # noqa: F401  (EVAL_STREAM: re-exported, as before)
 from .recipe import recipe_of
@@ -301,11 +301,9 @@ def export_final(run_dir, out_dir, snapshots: bool = True) -> Path:
     cfg = json.loads((run_dir / "config.json").read_text())
     cfg.pop("run_id", None)
     with atomic_dir(out_dir) as tmp:
-        for i, (_, src) in enumerate(ckpts):
-            last = i == len(ckpts) - 1
-            if not (last or snapshots):
-                continue
-            dst = tmp if last else tmp / SNAPSHOTS / src.name
+        final = ckpts[-1][1]
+        for _, src in ckpts if snapshots else ckpts[-1:]:
+            dst = tmp if src == final else tmp / SNAPSHOTS / src.name
             dst.mkdir(parents=True, exist_ok=True)
             for name in ("model.safetensors", "config.json"):
                 shutil.copy2(src / name, dst / name)
