@@ -338,8 +338,11 @@ class Runner:
         import torch
 
         from .capture import capture, intervene
+        from .models import user
 
+        forward = (lambda x: self.model(x)) if self.own else (lambda x: user.forward(self.model, x))
         outs, feats = [], []
+        n_batches = -(-z.shape[0] // self.batch_size)
         for lo in range(0, z.shape[0], self.batch_size):
             x = torch.from_numpy(np.ascontiguousarray(z[lo: lo + self.batch_size])).to(self.device, self.dtype)
             seen: list = []
@@ -350,19 +353,40 @@ class Runner:
 
             with torch.no_grad(), eval_mode(self.model), capture(self.model, {self.site.canonical: self.site.point}, grab):
                 if edit is None:
-                    y = self.model(x)
+                    y = forward(x)
                 else:
                     with intervene(self.model, self.site.point, _edit_hook(self.site.kind, self.n, edit)):
-                        y = self.model(x)
+                        y = forward(x)
             if not seen:
                 raise UserError(f"{self.site.canonical} ({self.site.point}) did not fire during the forward pass")
             if features:
                 feats.append(seen[0])
             outs.append(self.output(y, x.shape[0]))
-        out = np.concatenate(outs, 0)
-        if not np.all(np.isfinite(out)):
-            raise UserError("the model's output is NaN or Inf" + (" under the edit" if edit is not None else ""))
-        return out, (np.concatenate(feats, 0) if features else None)
+            user.check_output(outs[-1], "the model's output" + (" under the edit" if edit is not None else ""),
+                              f"batch {lo // self.batch_size + 1} of {n_batches} (prompts {lo}..{lo + x.shape[0] - 1})")
+        return np.concatenate(outs, 0), (np.concatenate(feats, 0) if features else None)
+
+
+ROUNDING_ULPS = 64
+"""Units of rounding (eps of the model's dtype, at the largest |entry| of the unedited output) within which
+an edited output counts as unchanged (`unchanged_within_rounding`)."""
+
+
+def rounding_floor(dtype, base: np.ndarray) -> float:
+    """ROUNDING_ULPS * eps(dtype) * max |base|: how far two forward passes of the same prompts can differ
+    with nothing changed that the output reads. The BLAS kernel, its thread count and the batch the prompts
+    run in each round differently (docs/causal.md#the-rounding-floor). `dtype`: a torch dtype."""
+    import torch
+
+    eps = float(torch.finfo(dtype).eps) if dtype.is_floating_point else 0.0
+    return ROUNDING_ULPS * eps * float(np.max(np.abs(base), initial=0.0))
+
+
+def unchanged_within_rounding(out: np.ndarray, base: np.ndarray, dtype) -> np.ndarray:
+    """`out` [N, k] with each row whose change ||out - base||_2 is at most `rounding_floor(dtype, base)`
+    replaced by base's row, so an edit that nothing downstream reads has effect exactly 0 on every machine."""
+    same = np.linalg.norm(out - base, axis=-1) <= rounding_floor(dtype, base)
+    return np.where(same[:, None], base, out)
 
 
 # ------------------------------------------------------------------------- setup
@@ -457,8 +481,11 @@ class CausalSetup:
                       shuffled=False)["r2_test"]
 
     def output(self, edit: Edit | None = None) -> np.ndarray:
-        """The model's output on the held-out prompts [N_test, k] under `edit`."""
-        return self.base if edit is None else self.runner.run(self.z_test, edit)[0]
+        """The model's output on the held-out prompts [N_test, k] under `edit`; a task whose output moved by
+        no more than the rounding floor keeps its unedited output (`unchanged_within_rounding`)."""
+        if edit is None:
+            return self.base
+        return unchanged_within_rounding(self.runner.run(self.z_test, edit)[0], self.base, self.runner.dtype)
 
     def value_error(self, out: np.ndarray) -> np.ndarray:
         """Per held-out task: ||out - truth||_2."""
@@ -747,12 +774,10 @@ def measure(setup: CausalSetup, method: str, G: np.ndarray, scales, seed: int, n
 
 
 def reach_note(setup: CausalSetup, largest: float) -> str | None:
-    """A note when no edit at all (TD or random direction) moved the output: at the last layer's
-    context columns nothing reads them any more; elsewhere the output does not depend on them."""
-    import torch
-
-    eps = float(torch.finfo(setup.runner.dtype).eps) if setup.runner.dtype.is_floating_point else 0.0
-    if largest > 64 * eps * max(1.0, float(np.max(np.abs(setup.base), initial=0.0))):
+    """A note when no edit at all (TD or random direction) moved the output beyond the rounding floor
+    (`unchanged_within_rounding`, so `largest` is then exactly 0): at the last layer's context columns
+    nothing reads them any more; elsewhere the output does not depend on them."""
+    if largest > 0.0:
         return None
     site = setup.site
     if site.layer == site.n_layers - 1:

@@ -47,7 +47,7 @@ def causation(model, *, roles: dict | None = None, draws: int = 16, max_tasks: i
         def change(u: np.ndarray) -> np.ndarray:
             u = u / np.linalg.norm(u)
             out = runner.run(z, causal.projection_edit(u, float((X @ u).mean())))[0]
-            return np.linalg.norm(out - base, axis=-1)
+            return np.linalg.norm(causal.unchanged_within_rounding(out, base, runner.dtype) - base, axis=-1)
 
         names = sorted(directions)
         cand = np.stack([change(directions[c]) for c in names], 1)  # [prompts, C]
@@ -118,8 +118,25 @@ def verdict(source=None, *, model=None, task=None, task_options: dict | None = N
     else:
         data = V.load(source, max_prompts)
         data.source = label or data.source
+    if model is not None and roles is None and data.roles:
+        from .recorder import spec_for
+
+        roles = dict(spec_for(model, data.roles).roles)  # the modules the recording's own spec mapped
     cause = None
     if model is not None and causal:
+        _check_editable(model, data, roles)
         cause = causation(model, roles=roles, draws=causal_draws, max_tasks=causal_tasks, seed=seed, resamples=bootstrap,
                           batch_size=batch_size)
     return V.run(data, causation=cause, progress=progress, **opts)
+
+
+def _check_editable(model, data: V.VerdictData, roles: dict | None) -> None:
+    """A model given for the causal evidence must be editable at the recorded layers: a model that is not
+    (no TransformerLens hooks and no [roles]) is a one-line error, not a verdict silently without causation."""
+    if not data.acts:
+        return  # no layer has context activations: no probe direction to erase, nothing to edit
+    try:
+        causal.site_of(model, min(data.acts), "resid_post", roles)
+    except UserError as e:
+        raise UserError(f"cannot edit the model for the causal evidence: {e} (or skip the causal evidence: "
+                        f"causal=False, --no-causal)") from None

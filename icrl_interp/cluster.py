@@ -12,6 +12,9 @@ shows one progress bar over all tasks as they finish, and returns the results in
 `on_result(i, value)` runs in *this* process as each result arrives: the owner of the outputs
 writes them there (atomically), workers only compute and return plain data.
 
+On connecting, every worker must import this version of icrl_interp (`check_workers`): a worker that
+cannot would never run a task, and the client would wait forever.
+
 Faults are Dask's business, not ours: a worker process that dies (killed, out of memory) takes its
 tasks with it, its nanny starts a fresh worker and the scheduler runs the lost tasks again on a
 live worker; a task lost `ALLOWED_FAILURES` + 1 times counts as failed (`TaskLost`). An exception
@@ -37,6 +40,14 @@ DEFAULT_LOCAL_WORKERS = 4
 """Worker processes of a bare `local` (fewer on a machine with fewer CPUs)."""
 CONNECT_TIMEOUT_S = 10
 """How long `tcp://...` waits for the scheduler before giving up."""
+WORKER_WAIT_S = 20
+"""How long a command waits for a cluster's first worker (a scheduler without workers runs nothing)."""
+CHECK_TIMEOUT_S = 10
+"""How long the workers get to answer the environment check (`check_workers`)."""
+WORKER_PYTHON = "__import__('sys').executable"
+WORKER_PACKAGE = "__import__('icrl_interp').__version__"
+"""Expressions `check_workers` evaluates on every worker (with the builtin `eval`, which every worker
+can unpickle: a function of this package could not be unpickled where the package is missing)."""
 _LOCAL = re.compile(r"local(?::(\S*))?")
 _ADDRESS = re.compile(r"(tcp|tls|ucx|inproc)://\S+")
 _TCP = re.compile(r"tcp://(\[[^\]]+\]|[^:/\s]+):(\d{1,5})")
@@ -223,6 +234,35 @@ def _connect(scheduler: Scheduler, flag: str):
         raise
 
 
+def check_workers(client, where: str) -> None:
+    """Fail in one line unless the cluster has a worker within WORKER_WAIT_S and every worker imports
+    this version of icrl_interp. A worker that cannot import a task's function cannot even unpickle
+    the task, and the client then waits forever (distributed 2026.8.0); a cluster without workers
+    waits forever too. Workers that join later are not checked."""
+    from ._version import __version__
+
+    try:
+        client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+    except TimeoutError:
+        raise UserError(f"{where}: no Dask worker joined the cluster within {WORKER_WAIT_S} s; start workers "
+                        "(dask worker ADDRESS) or wait until they run, then try again") from None
+    try:
+        pythons = client.run(eval, WORKER_PYTHON, on_error="return", callback_timeout=CHECK_TIMEOUT_S)
+        versions = client.run(eval, WORKER_PACKAGE, on_error="return", callback_timeout=CHECK_TIMEOUT_S)
+    except TimeoutError:
+        raise UserError(f"{where}: the Dask workers did not answer within {CHECK_TIMEOUT_S} s; "
+                        "check that they are running") from None
+    for worker, version in sorted(versions.items()):
+        python = pythons.get(worker)
+        python = f"Python {python}" if isinstance(python, str) else "its Python"
+        if isinstance(version, BaseException):
+            raise UserError(f"{where}: worker {worker} cannot import icrl_interp ({one_line(version)}); install "
+                            f"icrl_interp {__version__} for {python}, as in this environment")
+        if version != __version__:
+            raise UserError(f"{where}: worker {worker} runs icrl_interp {version}, this command {__version__}; "
+                            f"install the same version for {python}")
+
+
 @contextmanager
 def open_engine(spec: Scheduler | str | None = None, flag: str = "--scheduler",
                 announce: Callable[[str], None] | None = lambda line: print(line, file=sys.stderr)) -> Iterator[Engine]:
@@ -235,6 +275,7 @@ def open_engine(spec: Scheduler | str | None = None, flag: str = "--scheduler",
         return
     client, cluster = _connect(scheduler, flag)
     try:
+        check_workers(client, f"{flag} {scheduler}")
         engine = DaskEngine(client, scheduler)
         if announce is not None:
             n = len(client.scheduler_info().get("workers") or {})

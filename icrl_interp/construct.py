@@ -49,7 +49,7 @@ def check_size(family: str, values: dict | None) -> None:
             cfg = _model_config(family, options(family, {**values, **s}).plan().model)
         except UserError:  # e.g. d tied to states: the other sizes decide
             return 2**200
-        params = sum(a * b for a, b in cfg.parameter_shapes().values())
+        params = cfg.parameter_count()
         # float64 theta* matrices, their torch copies and the saved copy; each layer's module objects
         return 4 * 8 * params + LAYER_OVERHEAD * cfg.n_layers
 

@@ -9,6 +9,11 @@ class UserError(ValueError):
     """Bad input: wrong shapes, non-finite values, foreign or corrupt files, bad specs."""
 
 
+class ModelFault(UserError):
+    """A user's model failed while it ran: it raised, called sys.exit, or gave NaN / Inf (`models.user`).
+    Every batch needs the model, so nothing that catches one analyzer's failure may catch this one."""
+
+
 def check(condition: bool, message: str) -> None:
     """Raise `UserError(message)` unless `condition` holds."""
     if not condition:

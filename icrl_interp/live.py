@@ -27,6 +27,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from .errors import UserError
 from .recording import SCHEMA, Recording, RecordingWriter, _json_attr
 
 MODEL_GROUPS = ("acts/", "baseline/", "outputs/", "lens/")
@@ -75,10 +76,11 @@ class LiveDataset:
             if not 0 <= i < n:
                 raise IndexError(f"{self.path}: index {first} out of range for {n} prompts")
             idx, squeeze = np.array([i]), True
-        else:
+        else:  # a list of rows: negative ones count from the end, as h5py's do
             idx, squeeze = np.asarray(first, dtype=np.int64).reshape(-1), False
-            if idx.size and (idx.min() < 0 or idx.max() >= n):
+            if idx.size and (idx.min() < -n or idx.max() >= n):
                 raise IndexError(f"{self.path}: indices out of range for {n} prompts")
+            idx = np.where(idx < 0, idx + n, idx)
         rows = self.file.rows(self.path, idx)
         rows = rows[(slice(None), *rest)] if rest else rows
         return rows[0] if squeeze else rows
@@ -145,7 +147,9 @@ class LiveFile:
         self._prompt_bytes = 0
         self.forward_batches = 0
         """Forward passes run (batch 0 of `prepare` not counted): the cost of the analysis in batches."""
-        self._seeded = False
+        self._first: dict | None = self._own(first)
+        """Batch 0 as `prepare` computed it, copied out of the probes' buffers now: the next batch that
+        uses the same buffers (batch 2) would overwrite it, and batch 0 may be read after that one."""
         self.written = 0
         """Batches handed to the sink so far (they go in order)."""
 
@@ -221,9 +225,8 @@ class LiveFile:
                     self._prompt_bytes -= _nbytes(self._prompts.popitem(last=False)[1])
             self._prompts.move_to_end(index)
             return self._prompts[index]
-        if index == 0 and not self._seeded:
-            data = self._own(self.run.first)  # computed by prepare()
-            self._seeded = True
+        if index == 0 and self._first is not None:
+            data, self._first = self._first, None
         else:
             probes = self.run.probe_sets[index % 2]
             data = self._own(self.run.run_batch(index, probes))
@@ -288,11 +291,14 @@ def open_live(model, spec, source, *, name: str = "<live>", out=None, batch_size
     """A live recording of `model` on `source` (arguments as `recorder.record`); the model stays in eval
     mode inside the block. With `out`, every batch is also written to that HDF5 file as it is first
     computed, the rest after the block, and the file is published (atomically) when the block ends
-    without an error; after an error its `.partial` stays for `record --resume`."""
-    from .recorder import prepare
+    without an error; after an interruption its `.partial` stays for `record --resume`, after a refused
+    batch (the model raised, or gave NaN) it is deleted: resuming would refuse it again."""
+    from .recorder import check_disk, prepare
 
     with prepare(model, spec, source, batch_size, False, checkpoint_sha256, baseline, baseline_seed,
                  outputs, device=device) as run:
+        if out is not None:
+            check_disk(run, out)
         writer = RecordingWriter(out, run.meta) if out is not None else None
         rec = LiveRecording(run, name, writer)
         try:
@@ -303,6 +309,10 @@ def open_live(model, spec, source, *, name: str = "<live>", out=None, batch_size
             if writer is not None:
                 rec.f.drain(progress)
                 writer.finish()
+        except UserError:
+            if writer is not None:
+                writer.discard()
+            raise
         except BaseException:
             if writer is not None:
                 writer.close()

@@ -15,6 +15,7 @@ The rule every `--out`, `--json`, `--figure` and `--export` goes through (docs/i
 Any refusal is one `UserError` line naming the path, the problem and the fix.
 `check_finite` refuses NaN / infinite options; `check_fits` is the memory counterpart: an estimate of the bytes a job allocates, refused with
 the estimate, the culprit flag and the largest value that fits.
+`check_disk` is the same for the bytes a job writes, against the free space of its output's filesystem.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import struct
 import tempfile
 import zlib
@@ -40,6 +42,12 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 PNG_MARK = b"icrl_interp\0figure"
 """tEXt chunk (keyword 'icrl_interp') that marks a PNG the package wrote (`mark_png`)."""
+SVG_MARK = b"<dc:description>icrl_interp figure</dc:description>"
+"""What marks an SVG the package wrote (its metadata's description, within its first KiB)."""
+FIGURE_METADATA = {"png": {"Software": None, "icrl_interp": "figure"},
+                   "svg": {"Date": None, "Creator": None, "Description": "icrl_interp figure"}}
+"""`savefig(metadata=...)` of the package's figures: no date or version (the same inputs give the same
+bytes), and the marks above."""
 
 
 # ------------------------------------------------------------------ what is ours
@@ -106,6 +114,8 @@ def is_ours(path) -> bool:
             head = f.read(4096)
         if head.startswith(PNG_MAGIC):
             return _png_marked(head)
+        if head.startswith(b"<?xml") and b"<svg" in head:
+            return SVG_MARK in head
         if head.startswith(HDF5_MAGIC):
             return _hdf5_ours(path)
         if path.stat().st_size > 256 * 2**20:
@@ -146,6 +156,8 @@ def _claim(value, flag: str, inputs: Iterable, replaces: bool) -> tuple[Path, Pa
     if value is None or not str(value).strip():
         raise UserError(f"{flag} is empty; give a path")
     given = Path(value)
+    if given.is_symlink():  # the package never makes links; writing would replace the link, not its target
+        raise UserError(f"{flag} {value} is a symbolic link; give the path it points to, or choose a new name")
     path = given.resolve()
     parent = path.parent
     for raw in inputs:
@@ -249,3 +261,26 @@ def check_fits(estimate: Callable[[dict], int], sizes: dict[str, int], flags: di
     fix = f"at most {flags[culprit]} {lo} fits" if lo >= 1 else "lower the other sizes too"
     raise UserError(f"{flags[culprit]} {value} needs ~{human(need)} of memory for {what}; "
                     f"this machine has {human(budget)}: {fix}")
+
+
+def _mount(path) -> Path:
+    """The mount point of the filesystem holding `path` (the nearest existing folder above it)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def free_bytes(path) -> int:
+    """Free bytes, for an unprivileged user, on the filesystem where `path` is (or will be made)."""
+    return shutil.disk_usage(_mount(path)).free
+
+
+def check_disk(need: int, path, what: str) -> None:
+    """The disk counterpart of `check_fits`: refuse `what` (e.g. '--tasks 10 would write') when its `need`
+    bytes exceed the free space of the filesystem of `path`, in one line with both numbers."""
+    free = free_bytes(path)
+    if need > free:
+        raise UserError(f"{what} ~{human(need)} (free on {_mount(path)}: {human(free)})")

@@ -29,10 +29,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import devices, layouts, registry
+from . import budget, devices, layouts, registry
 from ._version import __version__
 from .capture import capture, hook_names, parameters, readout_modules, role_points
-from .errors import UserError, one_line
+from .errors import ModelFault, UserError
 from .models.config import CheckpointConfig, ModelConfig
 from .probe_spec import HookRule, ProbeSpec
 from .recording import BF16, RecordingWriter
@@ -207,11 +207,12 @@ def _model_input(batch: dict[str, np.ndarray], dtype: torch.dtype, device: torch
 # ------------------------------------------------------- a model's own output
 def per_prompt_output(y, batch: int, width: int | None, what: str = "the model's output") -> torch.Tensor:
     """A model's prediction as [batch, k]: [B] -> [B, 1]; [B, k]; [B, pos, k] -> the last position.
-    `width` (the task's reference output width) must equal k when given."""
-    if isinstance(y, (tuple, list)) and y:
-        y = y[0]
+    `width` (the task's reference output width) must equal k when given. A tuple (or list, dict) is
+    refused, not guessed at: which element is the prediction is the model's to say (docs/byom.md)."""
     if not isinstance(y, torch.Tensor):
-        raise UserError(f"{what} is a {type(y).__name__}, not a tensor")
+        k = f" of {len(y)}" if isinstance(y, (tuple, list, dict)) else ""
+        raise UserError(f"{what} is a {type(y).__name__}{k}, not a tensor: return the prediction as one tensor "
+                        "[batch, k] or [batch, pos, k]")
     shape = tuple(y.shape)
     if y.ndim == 0 or y.shape[0] != batch or y.ndim > 3:
         raise UserError(f"{what} has shape {shape}; expected [batch, k] or [batch, pos, k] with batch = {batch}")
@@ -322,19 +323,14 @@ class _Probe:
             self.lens(name, t)
 
 
-def _forward(model, points, probe: _Probe, x, n: int, width: int | None, keep_output: bool, strict: bool = False):
+def _forward(model, points, probe: _Probe, x, n: int, width: int | None, keep_output: bool, user: bool = False):
     """Run one batch with hooks; returns {dataset suffix: array} of outputs and lens (activations stay
-    in the probe's buffers). `strict`: a user's model that fails on the prompts is a user error."""
+    in the probe's buffers). `user`: a user's model, whose exceptions and sys.exit are one-line errors
+    (`models.user.forward`)."""
+    from .models import user as user_model
+
     with torch.no_grad(), capture(model, points, probe):
-        try:
-            y = model(x)
-        except UserError:
-            raise
-        except Exception as e:
-            if not strict:
-                raise
-            raise UserError(f"the model failed on the task's prompts (z of shape {tuple(x.shape)}, dtype "
-                            f"{str(x.dtype).removeprefix('torch.')}): {one_line(e)}") from e
+        y = user_model.forward(model, x) if user else model(x)
     missing = [name for name in probe.buffers.rules if probe.buffers.rows.get(name) != n]
     if missing:
         raise UserError(f"hooks did not fire during the forward pass: {', '.join(missing)}")
@@ -349,24 +345,50 @@ def _forward(model, points, probe: _Probe, x, n: int, width: int | None, keep_ou
     return out
 
 
-MAX_BATCH_BYTES = 8 * 2**30
-"""Refuse a batch whose prompts and task data alone would take more memory than this."""
+def _check_finite(data: dict[str, np.ndarray], where: str) -> None:
+    """Refuse a batch whose outputs (the model's, the lens's) hold NaN or Inf, or whose activations hold
+    NaN (an Inf there can be meant: masked attention scores are -inf), before it is written anywhere.
+    One pass over each array and no temporary: NaN propagates through min()."""
+    from .models import user
+
+    for path, a in data.items():
+        kind = path.split("/")[1] if path.startswith("baseline/") else path.split("/")[0]
+        if kind not in ("acts", "outputs", "lens") or a.dtype.kind != "f" or not a.size:
+            continue
+        whose = "the random-init copy's" if path.startswith("baseline/") else "the model's"
+        if kind == "acts":
+            if np.isnan(a.min()):
+                hook = path.split("acts/", 1)[1]
+                raise ModelFault(f"non-finite activations: {whose} hook {hook} holds NaN in {where}")
+            continue
+        what = "output" if kind == "outputs" else f"readout of layer {path.rsplit('/', 1)[1]}"
+        user.check_output(a, f"{whose} {what}", where)
 
 
-def _check_sizes(source: "PromptSource", batch_size: int) -> None:
-    """Refuse absurd sizes before anything is created, with the memory estimate in the message."""
-    config = source.config
-    if config is None or source.arrays is not None:
+def _check_sizes(source: "PromptSource", batch_size: int, own_model: bool, models: int) -> None:
+    """Refuse a batch that does not fit in memory before anything is created (`budget`: the commands
+    check it before torch is imported; this is the same check for the Python calls)."""
+    main = None if source.arrays is None else source.arrays.get("prompts/z", source.arrays.get("prompts/input"))
+    if main is not None:
+        pos, d_model = (main.shape[1], main.shape[2]) if main.ndim == 3 else (1, int(np.prod(main.shape[1:])))
+    elif source.config is not None:
+        pos, d_model = source.config.task.n + 1, source.config.model.D
+    else:
         return
-    task, layout = config.task, registry.get(config.task.family).layout(config.model.d, config.model.m)
-    states = task.n_states * max(task.n_actions, 1)
-    per_prompt = 8 * ((task.n + 1) * layout.d_model * 2 + states * states + states * config.model.d + states)
-    need = per_prompt * batch_size
-    if need > MAX_BATCH_BYTES:
-        fits = max(MAX_BATCH_BYTES // per_prompt, 0)
-        raise UserError(f"a batch of {batch_size} prompts needs ~{need / 2**30:.1f} GiB for prompts and task data "
-                        f"({per_prompt / 2**20:.2f} MiB each); at most {fits} fit in {MAX_BATCH_BYTES // 2**30} GiB: "
-                        f"lower --batch-size or the task sizes")
+    budget.check_memory(lambda p: budget.per_prompt(source.config, p, d_model, own_model), pos, source.n_total,
+                        batch_size, models, "a prompt length (--prompts) of" if main is not None else None)
+
+
+def check_disk(run: "RecordRun", out) -> None:
+    """Refuse a recording that would not fit on the disk of `out`, from the exact bytes of its first batch
+    (every batch writes as many per prompt; a compressed hook takes less), before the file is created."""
+    from .outputs import check_disk as refuse_past_free_space
+
+    lo, hi = run.batch_rows(0)
+    per_prompt = sum(np.asarray(a).nbytes for a in run.first.values()) / (hi - lo)
+    statics = sum(np.asarray(a).nbytes for arrays in run.statics.values() for a in arrays.values())
+    n = run.source.n_total
+    refuse_past_free_space(math.ceil(per_prompt * n) + statics, out, f"recording {n} prompts would write")
 
 
 BASELINES = ("random-init", "none")
@@ -459,7 +481,9 @@ def _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baselin
     if outputs not in ("auto", "require", "none"):
         raise UserError(f"outputs must be 'auto', 'require' or 'none', got {outputs!r}")
     batch_size = int(min(batch_size, source.n_total))  # a batch never holds more than the run
-    _check_sizes(source, batch_size)
+    own = getattr(model, "config", None)
+    foreign = not isinstance(own, ModelConfig)
+    _check_sizes(source, batch_size, not foreign, 2 if baseline == "random-init" else 1)
     config = source.config
     params = parameters(model)
     points = role_points(model, spec.roles)
@@ -467,8 +491,6 @@ def _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baselin
     points = {name: points.get(name, name) for name in rules}
     layout = prompt_layout(model, config)
     info = model_info(model)
-    own = getattr(model, "config", None)
-    foreign = not isinstance(own, ModelConfig)
     n_layers = 0 if foreign else own.n_layers  # 0: the analyzers count the recorded layers
     width = _reference_width(source)
     resid_layers = {n: int(n.split(".")[1]) for n in rules if n.startswith("blocks.") and n.endswith(".hook_resid_post")}
@@ -497,16 +519,21 @@ def _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baselin
             raise UserError(f"prompts {lo}..{hi - 1} contain NaN or Inf")
         x = x.to(device)
         result = {f"acts/{n}": None for n in rules}
-        strict = outputs == "require"
-        result.update(_forward(model, points, probes[0], x, hi - lo, width, keep_output, strict))
+        result.update(_forward(model, points, probes[0], x, hi - lo, width, keep_output, foreign))
         if base_model is not None:
-            extra = _forward(base_model, points, probes[1], x, hi - lo, width, keep_output, strict)
+            extra = _forward(base_model, points, probes[1], x, hi - lo, width, keep_output, foreign)
             result.update({f"baseline/{k}": v for k, v in extra.items()})
         for n in rules:
             result[f"acts/{n}"] = probes[0].buffers.arrays[n][: hi - lo]
             if base_model is not None:
                 result[f"baseline/acts/{n}"] = probes[1].buffers.arrays[n][: hi - lo]
         devices.synchronize(device)  # the non-blocking copies into the buffers have landed
+        # where in the whole run (a shard's batches are numbered from its first)
+        shard = isinstance(source, ShardSource)
+        first, total = (source.first_batch, source.whole.n_total) if shard else (0, source.n_total)
+        at = first * batch_size
+        _check_finite(result, f"batch {first + index + 1} of {-(-total // batch_size)} "
+                              f"(prompts {at + lo}..{at + hi - 1})")
         return {**result, **data, "prompts/task_id": source.task_ids(lo, hi)}
 
     probe_sets = [(_Probe(_Buffers(rules, batch_size, device), lens),
@@ -573,14 +600,25 @@ def record(
     moved back afterwards. `shards` > 1 writes that many shard files in parallel processes (`workers`
     at a time, default: one per shard up to the CPU count) and a master file of virtual datasets at
     `out` (`icrl_interp.shards`, docs/formats.md "Sharded recordings").
+
+    The run holds the lock `out` + '.lock' (`shards.lock_path`; removed at the end): a second run on
+    the same `out` while this one (or a shard writer of it) lives is a one-line UserError.
     """
+    from .files import locked
+    from .shards import leftovers, lock_path
+
     if not isinstance(shards, (int, np.integer)) or isinstance(shards, bool) or shards < 1:
         raise UserError(f"--shards must be a positive integer, got {shards!r}")
-    if shards > 1:
-        return _record_sharded(model, out, spec, source, batch_size, resume, checkpoint_sha256, progress, baseline,
-                               baseline_seed, outputs, device, int(shards), workers)
-    return _record_file(model, out, spec, source, batch_size, resume, checkpoint_sha256, progress, baseline,
-                        baseline_seed, outputs, device)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with locked(lock_path(out), f"the recording {out}"):
+        for stale in leftovers(out):  # of killed runs; no other run of `out` is alive now
+            stale.unlink()
+        if shards > 1:
+            return _record_sharded(model, out, spec, source, batch_size, resume, checkpoint_sha256, progress,
+                                   baseline, baseline_seed, outputs, device, int(shards), workers)
+        return _record_file(model, out, spec, source, batch_size, resume, checkpoint_sha256, progress, baseline,
+                            baseline_seed, outputs, device)
 
 
 def _record_file(model, out, spec, source, batch_size, resume, checkpoint_sha256, progress, baseline, baseline_seed,
@@ -589,12 +627,22 @@ def _record_file(model, out, spec, source, batch_size, resume, checkpoint_sha256
     with prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baseline, baseline_seed, outputs,
                  device) as run:
         meta = run.meta if shard is None else {**run.meta, "shard": shard}
+        if not resume:
+            check_disk(run, out)
         writer = RecordingWriter(out, meta, resume=resume)
         try:
             summary = _stream(writer, run, progress)
             path = writer.finish()
+        except UserError:
+            # a batch refused (a NaN, the model raised or exited): resuming would refuse it again, so a
+            # new file goes; a resumed one keeps the batches it had, all checked
+            if resume:
+                writer.close()
+            else:
+                writer.discard()
+            raise
         except BaseException:
-            writer.close()  # the .partial stays for --resume; the final path is never touched
+            writer.close()  # interrupted, disk full: the .partial stays for --resume; the final path is never touched
             raise
     start_at, shapes, bytes_written, seconds = summary
     return RecordSummary(path, source.n_total, shapes, bytes_written, seconds, start_at, run.notes)
@@ -682,10 +730,13 @@ def _dtype_of(params: dict) -> torch.dtype:
 
 def _output_fits(model: nn.Module, source: "PromptSource", width: int | None, dtype: torch.dtype,
                  device: torch.device | None = None) -> bool:
-    """Whether the model's output on two prompts has the task's per-prompt shape."""
+    """Whether the model's output on two prompts has the task's per-prompt shape (only a user's model is
+    asked: its errors are one line, `models.user.forward`)."""
+    from .models import user
+
     data = source.batch(0, 0, min(2, source.n_total))
     with _Stochastic(model), torch.no_grad():
-        y = model(_model_input(data, dtype, device))
+        y = user.forward(model, _model_input(data, dtype, device))
     try:
         per_prompt_output(y, next(iter(data.values())).shape[0], width)
     except UserError:

@@ -69,6 +69,18 @@ def partial_path(path) -> Path:
     return path.with_name(path.name + ".partial")
 
 
+SCRATCH = (".new", ".resume")
+"""Suffixes of the working files a RecordingWriter makes beside its partial file (`scratch_paths`)."""
+
+
+def scratch_paths(path) -> list[Path]:
+    """The working files a RecordingWriter of `path` makes beside its partial file: `.partial.new` until
+    its first batch is on disk, `.partial.resume` while a resume copies. A writer killed there leaves
+    one; it holds nothing to resume, and only the holder of the run's lock may remove it."""
+    part = partial_path(path)
+    return [part.with_name(part.name + suffix) for suffix in SCRATCH]
+
+
 def chunk_shape(row_shape: tuple[int, ...], itemsize: int, batch_size: int | None = None) -> tuple[int, ...]:
     """Chunk of whole rows within [10 KiB, 1 MiB], as large as allowed.
 
@@ -303,6 +315,8 @@ class RecordingWriter:
                 "source_sha256", "n_total", "shard")
     OPTIONAL_IDENTITY = ("n_total",)
     """Identity keys that partial files of older versions lack (then not compared)."""
+    _new: Path | None = None
+    """Where a new file is written until its first batch is on disk (then it is the partial file)."""
 
     def __init__(self, path, meta: dict, resume: bool = False):
         self.path = Path(path)
@@ -320,7 +334,11 @@ class RecordingWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.partial.exists():
                 raise UserError(f"{self.partial} exists from an interrupted run; pass --resume to continue it or delete it")
-            self._f = h5py.File(self.partial, "w", libver="latest")
+            # the file becomes the partial file once its first batch is on disk in SWMR mode (`_appear`): a
+            # writer killed while HDF5 still holds its first metadata in memory leaves a torn file, under
+            # this other name, with nothing to resume in it
+            self._new = scratch_paths(self.path)[0]
+            self._f = h5py.File(self._new, "w", libver="latest")
             for key, value in self.meta.items():
                 self._f.attrs[key] = value if isinstance(value, (str, int, float, bool, np.number)) else _json_attr(value)
             self._f.attrs["complete"] = False
@@ -337,6 +355,10 @@ class RecordingWriter:
             if "progress" not in src:
                 raise UserError(f"cannot resume: {self.partial} has no /progress (not a partial recording)")
             self.n_done = int(src["progress"][0])
+            for _, ds in self._datasets(src):
+                if ds.maxshape[0] is None and not 0 <= self.n_done <= ds.shape[0]:  # /progress damaged
+                    raise UserError(f"cannot resume: {self.partial} is corrupt (/progress says {self.n_done} "
+                                    f"prompts, but {ds.name} holds {ds.shape[0]} rows)")
             with h5py.File(fresh, "w", libver="latest") as dst:
                 for k, v in src.attrs.items():
                     if k != INTEGRITY:  # describes the old file's bytes; the copy is sealed anew
@@ -442,6 +464,14 @@ class RecordingWriter:
         self._f.flush()  # data first, then the progress marker that vouches for it
         self._f["progress"][0] = self.n_done
         self._f.flush()
+        self._appear()
+
+    def _appear(self) -> None:
+        """Move a new file to the partial file's name (a no-op once it is there)."""
+        if self._new is not None:
+            os.replace(self._new, self.partial)
+            fsync_dir(self.partial.parent)
+            self._new = None
 
     def _put(self, ds: h5py.Dataset, arr: np.ndarray) -> None:
         rows = ds.chunks[0]
@@ -461,6 +491,7 @@ class RecordingWriter:
         if n_total is not None and self.n_done != n_total:
             raise UserError(f"{self.partial}: {self.n_done} of {n_total} prompts written; "
                             "a recording is published only when complete")
+        self._appear()  # a recording of no batch
         self._f.close()
         self._f = None
         with h5py.File(self.partial, "r+") as f:
@@ -478,10 +509,18 @@ class RecordingWriter:
         return self.path
 
     def close(self) -> None:
-        """Leave the partial file as it is (resumable)."""
+        """Leave the partial file as it is (resumable); a new file without a batch goes."""
         if self._f is not None:
             self._f.close()
             self._f = None
+        if self._new is not None:
+            self._new.unlink(missing_ok=True)
+            self._new = None
+
+    def discard(self) -> None:
+        """Close and delete the partial file (a run refused midway, whose rows nobody will resume)."""
+        self.close()
+        self.partial.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------ reading
@@ -569,7 +608,35 @@ class Recording:
                 referenced.update(vs.file_name for vs in obj.virtual_sources())
 
         self.f.visititems(touch)
+        self._check_progress(bool(_attr(self.f, "complete", False)))
         self._check_shards(referenced)
+
+    STATIC_GROUPS = ("params", "theta_star")
+    """Groups written once; every other group holds one row per prompt."""
+
+    def _check_progress(self, complete: bool) -> None:
+        """/progress must count the rows the per-prompt datasets hold (all of them, in a complete file;
+        at most, in a partial one) and, in a complete file, equal its `n_prompts`: readers loop over
+        /progress prompts, and a damaged or edited count past the rows would send them over rows that
+        do not exist (10^9 of them: for hours)."""
+        ds = self.f.get("progress")
+        if not isinstance(ds, h5py.Dataset) or ds.shape != (1,) or ds.dtype.kind not in "iu":
+            raise UserError(f"{self.path}: corrupt recording (no /progress counter of the prompts written)")
+        n = int(ds[0])
+        declared = _attr(self.f, "n_prompts")
+        if n < 0 or (complete and declared is not None and int(declared) != n):
+            raise UserError(f"{self.path}: corrupt recording (/progress says {n} prompts, its n_prompts attribute "
+                            f"{declared})")
+        for group in self.f:
+            if group in self.STATIC_GROUPS or not isinstance(self.f[group], h5py.Group):
+                continue
+            rows: list[tuple[str, int]] = []
+            self.f[group].visititems(lambda name, obj: rows.append((f"{group}/{name}", obj.shape[0]))
+                                     if isinstance(obj, h5py.Dataset) and obj.ndim else None)
+            for name, size in rows:
+                if size < n or (complete and size != n):
+                    raise UserError(f"{self.path}: corrupt recording (/progress says {n} prompts, but {name} "
+                                    f"holds {size} rows)")
 
     def _check_shards(self, referenced: set[str]) -> None:
         """A master file (docs/formats.md, "Sharded recordings"): every file its virtual datasets read is

@@ -13,12 +13,20 @@ checking every shard it references (`Recording._check_shards`).
 
 Parallelism: shards run in forked worker processes (`run`), which inherit the model, so nothing
 is pickled; on a GPU, or where fork is unavailable, they run one after another in this process.
+A worker dies with the process that forked it (SIGKILL included: `_die_with_parent`), and the
+whole run holds the lock `R.h5.lock` (`files.locked`, inherited by the workers), so a `--resume`
+never runs beside a live writer of the same recording; under that lock it removes the files killed
+runs left that nothing resumes (`leftovers`: a temporary master, a writer's scratch file).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
 import os
+import re
+import signal
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -27,8 +35,9 @@ import h5py
 import numpy as np
 
 from .errors import UserError, one_line
-from .files import atomic_path, json_clean
-from .recording import INTEGRITY, SHARDS, Recording, integrity_digest, partial_path, seal
+from .faults import kill_point
+from .files import atomic_path, json_clean, temporaries
+from .recording import INTEGRITY, SCRATCH, SHARDS, Recording, integrity_digest, partial_path, seal
 
 SHARD_ATTR = "shard"
 """Root attribute of a shard: JSON {"index", "count", "first_batch", "first_prompt", "n_total", "batch_size"}."""
@@ -38,6 +47,44 @@ AGREE = ("schema", "task_family", "model", "probe_spec", "checkpoint_sha256", "s
          "checkpoint_config", "layout", "gamma", "n_layers", "roles", "baseline", "task_data")
 """Root attributes every shard of one recording must share (not `batch_size`: a shard of one short last
 batch records that batch's size; the `shard` attribute carries the run's)."""
+
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal this process gets when the thread that forked it exits (Linux)."""
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def lock_path(out) -> Path:
+    """The lock a recording run holds while it writes `out`, its shards or their .partial files."""
+    out = Path(out)
+    return out.with_name(out.name + ".lock")
+
+
+def stale_masters(out) -> list[Path]:
+    """Temporary masters (`write_master`'s `.R.h5.XXXXXXXX.tmp`) that a run killed while publishing
+    left: that name beside `out`, and an HDF5 file or an empty one (killed before h5py wrote). Only
+    the holder of `lock_path(out)` may delete them: no other writer of `out` is alive then."""
+    found = []
+    for p in temporaries(Path(out).parent, Path(out).name):
+        try:
+            with open(p, "rb") as f:
+                head = f.read(len(HDF5_MAGIC))
+        except OSError:
+            continue
+        if head in (b"", HDF5_MAGIC):
+            found.append(p)
+    return found
+
+
+def leftovers(out) -> list[Path]:
+    """What killed runs of `out` left that no run resumes: temporary masters (`stale_masters`) and the
+    writers' scratch files (`recording.scratch_paths`) of `out` and of its shards (of any count).
+    Only the holder of `lock_path(out)` may delete them."""
+    out = Path(out)
+    shard = re.escape(out.stem) + r"\.shard-\d+-of-\d+" + re.escape(out.suffix)
+    scratch = re.compile(f"({re.escape(out.name)}|{shard})" + re.escape(".partial") + f"({'|'.join(map(re.escape, SCRATCH))})")
+    found = [p for p in sorted(out.parent.iterdir()) if scratch.fullmatch(p.name) and p.is_file() and not p.is_symlink()]
+    return stale_masters(out) + found
 
 
 def shard_paths(out, count: int) -> list[Path]:
@@ -92,8 +139,32 @@ def check_done(path: Path, meta: dict) -> dict:
 
 
 # ------------------------------------------------------------------ running the shards
-def _child(fn: Callable[[int], dict], index: int, conn, threads: int) -> None:
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os._exit(1)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Make this forked worker die with the process `parent` that forked it, SIGKILL included (a
+    writer outliving its run would go on writing files a --resume is about to take over): Linux's
+    PR_SET_PDEATHSIG (the fork happens in the thread that waits for the workers, so that thread's end
+    is the run's), then a check for a parent that died before it was set; elsewhere a thread that
+    watches os.getppid()."""
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            raise OSError(ctypes.get_errno(), "prctl failed")
+    except (OSError, AttributeError):  # not Linux
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _child(fn: Callable[[int], dict], index: int, conn, threads: int, parent: int) -> None:
     """A forked worker: run shard `index`, send back JSON (never a pickle)."""
+    _die_with_parent(parent)
     import torch
     from tqdm.std import TqdmDefaultWriteLock, tqdm
 
@@ -139,7 +210,7 @@ def run(fn: Callable[[int], dict], count: int, workers: int | None, labels: list
             while pending and len(running) < workers:
                 i = pending.pop(0)
                 reader, writer = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_child, args=(fn, i, writer, threads), daemon=True)
+                proc = ctx.Process(target=_child, args=(fn, i, writer, threads, os.getpid()), daemon=True)
                 proc.start()
                 writer.close()
                 running[reader] = (i, proc)
@@ -219,21 +290,23 @@ def write_master(out, paths: list[Path]) -> Path:
         if at != n_total:
             raise UserError(f"the shards of {out} hold {at} prompts, the run has {n_total}")
         groups, datasets = _datasets(first.f)
-        with atomic_path(out, suffix=".tmp") as tmp, h5py.File(tmp, "w", libver="latest") as f:
-            for key, value in first.f.attrs.items():
-                if key not in PER_SHARD:
-                    f.attrs[key] = value
-            f.attrs["n_total"] = n_total
-            f.attrs[SHARDS] = json.dumps(entries)
-            f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-            f.attrs["complete"] = True
-            f.attrs["n_prompts"] = n_total
-            f.create_dataset("progress", data=np.array([n_total], dtype=np.int64))
-            for name in groups:
-                f.require_group(name)
-            for name, ds in datasets.items():
-                _join(f, name, ds, paths, recs, entries, n_total)
-            seal(f)
+        with atomic_path(out, suffix=".tmp") as tmp:
+            with h5py.File(tmp, "w", libver="latest") as f:
+                for key, value in first.f.attrs.items():
+                    if key not in PER_SHARD:
+                        f.attrs[key] = value
+                f.attrs["n_total"] = n_total
+                f.attrs[SHARDS] = json.dumps(entries)
+                f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+                f.attrs["complete"] = True
+                f.attrs["n_prompts"] = n_total
+                f.create_dataset("progress", data=np.array([n_total], dtype=np.int64))
+                for name in groups:
+                    f.require_group(name)
+                for name, ds in datasets.items():
+                    _join(f, name, ds, paths, recs, entries, n_total)
+                seal(f)
+            kill_point("shards.publish")
     finally:
         for rec in recs:
             rec.close()

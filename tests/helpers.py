@@ -71,9 +71,36 @@ def se_tolerance(p: np.ndarray, counts: np.ndarray, k: float = 5.0) -> np.ndarra
     return k * np.sqrt(p * (1.0 - p) / np.maximum(counts, 1)) + 1e-12
 
 
+def float_tol(dtype=np.float64, scale=1.0, k: float = 64.0) -> float:
+    """How far a computed float may sit from the value it has in exact arithmetic: k units of rounding
+    (eps of `dtype`, a numpy or torch dtype) at `scale`, the magnitude of what it was computed from (a
+    number, or an array: its largest |entry|). BLAS/LAPACK kernels, their thread counts, numpy's SIMD
+    dispatch of exp/log/tanh and torch's CPU capability each round differently, so a result that is 0
+    (or 1, or equal to another computed one) in exact arithmetic is that only to within this; k = 64
+    covers the short reductions of these tests, while the bugs they guard against move the value by
+    many orders more (docs/development.md#floats-in-tests)."""
+    import torch
+
+    eps = torch.finfo(dtype).eps if isinstance(dtype, torch.dtype) else np.finfo(dtype).eps
+    return float(k * eps * np.max(np.abs(np.asarray(scale, dtype=np.float64)), initial=0.0))
+
+
 def support(M: np.ndarray) -> set[tuple[int, int]]:
-    """Indices of the nonzero entries of a matrix."""
+    """Indices of the nonzero entries of a matrix (exact: for matrices the code builds entry by entry,
+    where an absent entry is a literal 0, never a rounded one)."""
     return {tuple(ix) for ix in np.argwhere(M != 0)}
+
+
+def theta_star_setup(n: int):
+    """(Wang's θ* with d = 3 and two layers, its format-2 checkpoint config on Boyan chains with `n`
+    transitions and 6 states, the shipped linear-td probe spec): the recorder tests' small model."""
+    from icrl_interp import checkpoint, probe_spec
+    from icrl_interp.models import theta_star_model
+
+    model = theta_star_model("linear-td", d=3, n_layers=2, alpha=0.7)
+    cfg = checkpoint.make_config(model.config, {"task": {"kind": "boyan", "n": n, "n_states": 6},
+                                                "origin": model.origin})
+    return model, cfg, probe_spec.shipped_spec("linear-td")
 
 
 # ------------------------------------------------------------------ a user's own model (bring your own model)

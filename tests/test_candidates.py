@@ -174,7 +174,7 @@ def test_fit_recovers_the_step_size_and_the_step():
     alpha = float(C.ALPHA_GRID[40])
     target = C.td_lambda(tr, alpha, 5).outputs[:, 3]
     (f,) = C.fit(C.CANDIDATES["td0"], tr, target[None], 5)
-    assert f.step == 3 and f.hyper["alpha"] == alpha and f.sse < 1e-20
+    assert f.step == 3 and f.hyper["alpha"] == alpha and f.sse < 1e-20  # alpha: the grid's own value, a copy
     (g,) = C.fit(C.CANDIDATES["mc_regression"], tr, target[None], 5)
     assert g.sse > 1e-6 * g.sst  # another algorithm cannot match it exactly
     (h,) = C.fit(C.CANDIDATES["lstd"], tr, target[None], 5)

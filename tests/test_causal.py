@@ -17,6 +17,8 @@ from icrl_interp.errors import UserError
 from icrl_interp.models import theta_star_model
 from icrl_interp.recorder import random_init_copy
 
+from helpers import float_tol
+
 TOL = 1e-10
 FAMILIES = ("linear-td", "softmax-td", "sarsa", "actor-critic")
 
@@ -281,27 +283,27 @@ def test_r2_after_says_whether_delta_is_left():
     st = causal.prepare(model, cfg, 0, roles=roles, tasks=48)
     assert st.probe["r2_test"] > 0.3
     idle = causal.projection_edit(np.eye(5)[4], 0.0)
-    assert st.r2_after(idle) == st.probe["r2_test"]
+    assert st.r2_after(idle) == st.probe["r2_test"]  # exact: x - e4 (x4 - 0) with x4 = 0 is x, so the same refit
     assert abs(st.r2_after(st.erase("leace"))) < 0.02
     assert st.r2_after(st.erase("mean")) < st.probe["r2_test"] - 0.1  # the probe's own readout is gone
     res = causal.causal_test(model, cfg, 0, roles=roles, method="leace", tasks=48, random_draws=4, bootstrap=50,
                              steer=(), baseline="none")
     after = res["erasure"]["r2_after"]
-    assert after["before"] == res["direction"]["r2_test"]
+    assert after["before"] == res["direction"]["r2_test"]  # a copy
     assert abs(after["td"]) < 0.02 and after["random"] > after["td"] + 0.1  # random concepts leave more of delta
 
 
 # ------------------------------------------------------------------ the control and the statistics
 def test_random_directions_draw_reproducibly_from_the_seed():
     a, b = causal.random_directions(7, 5, seed=3, layer=1), causal.random_directions(7, 5, seed=3, layer=1)
-    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, b)  # exact: the same draws
     np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1.0)
     assert not np.allclose(a, causal.random_directions(7, 5, seed=4, layer=1))
     assert not np.allclose(a, causal.random_directions(7, 5, seed=3, layer=2))
     model, cfg = star("linear-td", layers=2, n=8)
     kw = dict(tasks=16, random_draws=4, bootstrap=50, steer=(1.0,))
     first, again = causal.causal_test(model, cfg, 0, **kw), causal.causal_test(model, cfg, 0, **kw)
-    assert json.dumps(first) == json.dumps(again)
+    assert json.dumps(first) == json.dumps(again)  # exact: the same computation rerun
     other = causal.causal_test(model, cfg, 0, seed=1, **kw)
     assert other["erasure"]["output_change"]["random"]["draws"] != first["erasure"]["output_change"]["random"]["draws"]
 
@@ -311,6 +313,7 @@ def test_editing_the_last_layer_of_wang_changes_nothing():
     model, cfg = star("linear-td", layers=3, n=8)
     res = causal.causal_test(model, cfg, 2, tasks=16, random_draws=4, bootstrap=50, steer=(2.0,))
     out = res["erasure"]["output_change"]
+    # exact: the forward passes differ by rounding alone (1e-17 on some kernels), below the rounding floor
     assert out["td"]["mean"] == 0.0 and out["td"]["ci"][0] <= 0.0 <= out["td"]["ci"][1]
     assert out["difference"]["ci"][0] <= 0.0 <= out["difference"]["ci"][1]
     assert out["cohen_d"]["value"] == 0.0 and out["ratio"]["value"] is None
@@ -344,11 +347,56 @@ def test_a_model_whose_output_ignores_the_direction_gives_zero_effect():
                              random_draws=8, bootstrap=200, steer=(1.0,))
     out = res["erasure"]["output_change"]
     assert res["direction"]["source"] == "given" and res["direction"]["width"] == 6
-    assert out["td"]["mean"] < 1e-12 and out["td"]["ci"][0] <= 0.0 <= out["td"]["ci"][1] + 1e-12
+    # exact: the output reads u only through the rounding of u.(I - u u^T) (1e-17), below the rounding floor
+    assert out["td"]["mean"] == 0.0 and out["td"]["ci"] == [0.0, 0.0]
     assert out["random"]["mean"] > 1e-3 and out["difference"]["ci"][1] < 0  # random directions do matter
-    assert res["steering"][0]["td"]["change"] < 1e-12 < res["steering"][0]["random"]["change"]
+    assert res["steering"][0]["td"]["change"] == 0.0 < 1e-3 < res["steering"][0]["random"]["change"]
     assert "uses its own probe direction" in res["baseline"]["notes"][0]  # a given direction is the model's own
     assert res["baseline"]["direction"]["source"] == "probe"
+
+
+def test_the_rounding_floor_on_known_numbers():
+    """64 eps of the model's dtype at the largest |unedited output|; a task whose output moved by no more
+    keeps its unedited output, one that moved more keeps its own."""
+    base = np.array([[1.0, -2.0], [0.5, 0.0]])
+    assert causal.rounding_floor(torch.float64, base) == 64 * 2.0 ** -52 * 2.0  # exact: powers of 2
+    assert causal.rounding_floor(torch.float32, base) == 64 * 2.0 ** -23 * 2.0
+    floor = causal.rounding_floor(torch.float64, base)
+    out = base + np.array([[floor, 0.0], [0.0, 2 * floor]])
+    got = causal.unchanged_within_rounding(out, base, torch.float64)
+    np.testing.assert_array_equal(got, [base[0], out[1]])  # exact: rows copied from one or the other
+
+
+@pytest.mark.parametrize("factor", [0.1, 1000.0])
+def test_output_changes_below_the_rounding_floor_are_zero(factor):
+    """A linear readout of the context columns whose weight is scaled so that the largest erasure moves the
+    output by `factor` times the rounding floor. At 0.1 every effect is exactly 0 and the notes say that no
+    edit moved the output, on every BLAS kernel: the change (about 6 eps) is far above the kernels' own
+    rounding (about 1 eps), so without the floor it would be reported. At 1000 the effects are the known
+    answer, |a.c| |mean_k (b.x_k - m)| per task."""
+    rng = np.random.default_rng(8)
+    E, a0 = rng.standard_normal((9, 6)), rng.standard_normal(6)
+    cfg = construct.task_config("linear-td", {"layers": 2, "n": 8})
+    kw = dict(roles={"resid_post": "layer{layer}"}, tasks=32, seed=3)
+    st = causal.prepare(LinearReadout(E, np.zeros(6)), cfg, 0, **kw)  # features and direction do not depend on a
+    X = st.features[st.test_index]
+
+    def change(edit, a):
+        return np.abs(a @ edit.c) * np.abs((X @ edit.b - edit.m).mean(1))
+
+    erasures = [st.erase("mean")] + [st.erase_random("mean", g) for g in causal.random_directions(6, 4, 3, 0)]
+    floor = float_tol(torch.float64, st.base, k=64)  # the documented floor, computed here independently
+    a = a0 * factor * floor / max(change(e, a0).max() for e in erasures)
+    res = causal.causal_test(LinearReadout(E, a), cfg, 0, random_draws=4, bootstrap=50, steer=(), baseline="none",
+                             **kw)
+    out = res["erasure"]["output_change"]
+    moved = [n for n in res["notes"] if "no edit" in n and "changed the output" in n]
+    if factor < 1:
+        assert out["td"]["mean"] == 0.0 and out["random"]["mean"] == 0.0 and out["td"]["ci"] == [0.0, 0.0]
+        assert out["cohen_d"]["value"] == 0.0 and out["ratio"]["value"] is None and moved
+    else:
+        assert out["td"]["mean"] == pytest.approx(change(st.erase("mean"), a).mean(), rel=1e-2)
+        assert out["random"]["mean"] > 0 and not moved
 
 
 def test_compare_on_known_numbers():
@@ -356,7 +404,7 @@ def test_compare_on_known_numbers():
     td = np.full(50, 2.0)
     rand = np.ones((50, 8))
     res = causal.compare(td, rand, rng, 100)
-    assert res["ratio"]["value"] == 2.0 and res["difference"]["mean"] == 1.0
+    assert res["ratio"]["value"] == 2.0 and res["difference"]["mean"] == 1.0  # exact: means of 2s and 1s
     assert res["p_random"] == pytest.approx(1 / 9)
     zero = causal.compare(np.zeros(20), np.zeros((20, 4)), rng, 100)
     assert zero["cohen_d"] == {"value": 0.0, "ci": [0.0, 0.0]} and zero["ratio"]["value"] is None
@@ -397,13 +445,13 @@ def test_the_baseline_runs_the_identical_test():
     base = res["baseline"]
     assert base["kind"] == "random-init" and base["seed"] == 0 and base["reset_modules"] == 1
     assert not torch.equal(random_init_copy(model, 0)[0].spare.weight, model.spare.weight)  # it is redrawn
-    for key in ("tasks", "direction", "value_error", "erasure", "steering"):
+    for key in ("tasks", "direction", "value_error", "erasure", "steering"):  # exact: the same computation
         assert json.dumps(base[key]) == json.dumps(res[key]), key
     cmp = base["comparison"]
     assert res["erasure"]["output_change"]["random"]["mean"] > 1e-3  # the edits do move the output
     for v in (cmp["erasure"]["output_change"], cmp["erasure"]["td_output_change"], cmp["steering"][0],
               cmp["probe_r2_test"]):
-        assert v["difference"] == {"mean": 0.0, "ci": [0.0, 0.0]}
+        assert v["difference"] == {"mean": 0.0, "ci": [0.0, 0.0]}  # exact: differences of identical numbers
     assert cmp["erasure"]["output_change"]["trained"] == res["erasure"]["output_change"]["difference"]
     assert cmp["exceeds_random_init"].startswith("no: intervals overlap")
     assert cmp["probe_exceeds_random_init"].startswith("no: intervals overlap")

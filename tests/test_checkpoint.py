@@ -3,6 +3,7 @@ bad file is refused with a one-line UserError naming the problem (pickles never 
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import subprocess
 import sys
@@ -49,10 +50,10 @@ def test_save_load_round_trip_is_exact(key, tmp_path):
     assert type(loaded) is type(model) and loaded.config == model.config
     assert loaded.origin == json.loads(json.dumps(model.origin))
     for (name, a), (name_b, b) in zip(model.named_parameters(), loaded.named_parameters()):
-        assert name == name_b and a.dtype == b.dtype and torch.equal(a, b)
+        assert name == name_b and a.dtype == b.dtype and torch.equal(a, b)  # exact: a saved and loaded copy
     z = torch.randn(3, 9, model.config.D, dtype=model.dtype, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.equal(model(z), loaded(z))
+        assert torch.equal(model(z), loaded(z))  # exact: the same forward on the same weights and inputs
     config, tensors = checkpoint.read(out)
     raw = json.loads((out / "config.json").read_text())
     assert config.to_dict() == raw and config.model == model.config
@@ -83,7 +84,7 @@ def test_save_a_state_dict_with_the_model_fields_in_extras(tmp_path):
               "origin": {"kind": "trained", "run_id": "r1", "step": 7}}
     loaded = checkpoint.load(checkpoint.save(state, extras, tmp_path / "ck"))
     assert loaded.origin == {"kind": "trained", "run_id": "r1", "step": 7}
-    assert torch.equal(loaded.blocks[0].attn.P, model.blocks[0].attn.P)
+    assert torch.equal(loaded.blocks[0].attn.P, model.blocks[0].attn.P)  # exact: a saved and loaded copy
     with raises_user("model fields"):
         checkpoint.save(state, {"origin": {"kind": "x"}}, tmp_path / "other")
     with raises_user("family", "linear-td", "sarsa"):
@@ -231,11 +232,14 @@ MARKER = Path("/tmp/icrl_interp_pickle_was_executed")
 # A protocol-0 pickle that would run `touch MARKER` if anything ever unpickled it.
 EVIL = f"cos\nsystem\n(S'touch {MARKER}'\ntR.".encode()
 PICKLE = b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x01a\x94K\x01s."
+PICKLE5 = pickle.dumps({"format_version": 2}, protocol=5)  # the newest protocol: b"\x80\x05..."
 
 BAD = {
     "missing-dir": (shutil.rmtree, ["does not exist"]),
     "plain-file": (_replace_dir_with_file(b"hello"), ["is a file", "not a checkpoint directory"]),
     "pickle-file": (_replace_dir_with_file(PICKLE), ["pickle", "never loaded"]),
+    "pickle-5-file": (_replace_dir_with_file(PICKLE5), ["a Python pickle", "never loaded"]),
+    "config-is-pickle-5": (_write("config.json", PICKLE5), ["config.json", "not valid JSON"]),
     "zip-file": (lambda ck: _replace_dir_with_file(_zip_bytes(ck.parent))(ck), ["zip", "torch.save"]),
     "only-a-pickle": (_only("pytorch_model.bin", EVIL), ["no model.safetensors", "pytorch_model.bin"]),
     "no-config": (lambda ck: (ck / "config.json").unlink(), ["no config.json"]),
@@ -273,6 +277,7 @@ BAD = {
     "cut-in-header": (_truncate(lambda n: 40), ["truncated"]),
     "padded": (lambda ck: (ck / "model.safetensors").write_bytes((ck / "model.safetensors").read_bytes() + b"\0" * 8), ["padded"]),
     "weights-are-pickle": (_write("model.safetensors", PICKLE + b"\0" * 64), ["pickle", "never loaded"]),
+    "weights-are-pickle-5": (_write("model.safetensors", PICKLE5 + b"\0" * 64), ["a Python pickle", "never loaded"]),
     "weights-are-evil-pickle": (_write("model.safetensors", EVIL), ["not a safetensors file"]),
     "weights-garbage": (_write("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00not-json-at-all!"), ["not a safetensors file"]),
     # corrupt and truncated files (docs/integrity.md, "One-line errors")

@@ -232,7 +232,8 @@ def test_sweep_on_a_cluster_survives_killed_workers_and_matches_serial(cluster, 
     # the killed run went on from its last checkpoint on a live worker (6, or 12 when the kill landed in its
     # final evaluation); an uninterrupted run would say "trained"
     assert re.search(rf"^{re.escape(killed[0])}: resumed from step (6|12)$", dask_out, re.M), dask_out
-    assert _summary(tmp_path, "dask") == _summary(tmp_path, "serial")  # byte for byte, paths aside
+    # byte for byte, paths aside: each run and analysis is the same computation, on a worker or here
+    assert _summary(tmp_path, "dask") == _summary(tmp_path, "serial")
     assert json.loads((tmp_path / "dask" / "report" / "summary.json").read_text())["n_inputs"] == 8
 
     # nothing half-written at a final path: every step directory complete, every JSON whole
@@ -269,9 +270,63 @@ def test_report_analyses_on_the_cluster_match_serial_and_are_cached_by_the_owner
     on_cluster = run_batch(collect_inputs(inputs), tmp_path / "b", engine=cluster, progress=False, control=control)
     write_summaries(serial, tmp_path / "a")
     write_summaries(on_cluster, tmp_path / "b")
+    # exact: each analysis is the same computation, on a worker or here
     assert (tmp_path / "a" / "summary.json").read_bytes() == (tmp_path / "b" / "summary.json").read_bytes()
     assert all(r.status in ("ok", "partial") and not r.cached for r in on_cluster)
     assert any("control" in (r.analysis or {}) for r in on_cluster)
     # the owner cached every analysis as it arrived: a second batch analyzes nothing
     again = run_batch(collect_inputs(inputs), tmp_path / "b", engine=cluster, progress=False, control=control)
     assert all(r.cached for r in again)
+
+
+# ------------------------------------------------------------------ workers that cannot run the tasks
+def _side_cluster(n_workers: int, preload: list[str]):
+    """A LocalCluster of its own (open_engine's settings), for a test that breaks its workers."""
+    import logging
+
+    from distributed import LocalCluster
+
+    return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                        scheduler_port=0, dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL,
+                        preload=preload)
+
+
+def test_a_worker_whose_python_lacks_the_package_fails_the_command_at_once(tmp_path, capsys):
+    """Such a worker cannot unpickle a task of the package: Dask would wait for it forever (distributed
+    2026.8.0). The preload hides icrl_interp from the worker's Python, as a missing install does."""
+    hide = tmp_path / "hide.py"
+    hide.write_text("import sys\nsys.modules['icrl_interp'] = None  # this Python has no icrl_interp\n")
+    (tmp_path / "grid.toml").write_text(GRID)
+    with _side_cluster(1, [str(hide)]) as side:
+        address = side.scheduler_address
+        worker = next(iter(side.scheduler.workers))
+        t0 = time.monotonic()
+        with pytest.raises(UserError, match=rf"^--scheduler {address}: worker {worker} cannot import icrl_interp "):
+            with open_engine(address, announce=None):
+                pass
+        assert time.monotonic() - t0 < 10
+        code = cli.main(["sweep", str(tmp_path / "grid.toml"), "--out", str(tmp_path / "sw"), "--scheduler", address])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1 and f"worker {worker} cannot import icrl_interp" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.toml", "hide.py"]  # nothing written
+
+
+def test_a_cluster_without_workers_fails_after_the_wait(monkeypatch):
+    from icrl_interp import cluster as cluster_module
+
+    monkeypatch.setattr(cluster_module, "WORKER_WAIT_S", 0.5)
+    with _side_cluster(0, []) as side:
+        t0 = time.monotonic()
+        with pytest.raises(UserError, match="no Dask worker joined the cluster within 0.5 s"):
+            with open_engine(side.scheduler_address, announce=None):
+                pass
+        assert time.monotonic() - t0 < 10
+
+
+def test_a_worker_of_another_version_is_refused(cluster, monkeypatch):
+    from icrl_interp import _version
+
+    monkeypatch.setattr(_version, "__version__", "0.0.0-other")  # this process's version, as the check reads it
+    with pytest.raises(UserError, match=r"worker tcp://\S+ runs icrl_interp \S+, this command 0.0.0-other; install"):
+        with open_engine(cluster.client.scheduler_info()["address"], announce=None):
+            pass

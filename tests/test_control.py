@@ -40,6 +40,7 @@ def ckpts(tmp_path_factory):
 def test_theta_star_tracks_the_teacher_exactly(ckpts, name):
     res = control.run_checkpoint(ckpts[name], control.ControlConfig(**SMALL), progress=False)
     tr = res["tracking"]
+    # exact: shares of counts (ties between actions are judged with the package's own tolerance)
     assert tr["greedy_agreement"]["mean"] == 1.0 and tr["greedy_agreement_min"] == 1.0
     assert tr["rel_param_distance_max"] < 1e-12 and tr["final_param_distance"] < 1e-12
     assert abs(res["transformer_minus_teacher"]["mean"]) < 1e-12 and len(res["per_mdp"]["teacher"]) == SMALL["mdps"]
@@ -58,7 +59,7 @@ def test_known_answer_tracking_of_a_half_step_model(ckpts):
     trace = control.closed_loop(mdp, algo, 16, 3, np.random.default_rng(0), control.model_step(checkpoint.load(ckpts["half"]), algo))
     np.testing.assert_allclose(trace.rel_distance[:, 0], 0.5, atol=1e-12)
     # half a step from 0 has the same greedy actions as the full step: agreement 1 at update 1
-    assert np.all(trace.agreement[:, 0] == 1.0)
+    assert np.all(trace.agreement[:, 0] == 1.0)  # exact: a share of counts
 
 
 def test_returns_are_exact_policy_values():
@@ -92,7 +93,7 @@ def test_loop_continues_from_the_last_state(monkeypatch):
     control.closed_loop(mdp, algo, 5, 4, np.random.default_rng(0))
     assert len(seen) == 4
     for (_, prev), (start, cur) in zip(seen, seen[1:]):
-        np.testing.assert_array_equal(start, prev[:, -1])
+        np.testing.assert_array_equal(start, prev[:, -1])  # states: integers
         np.testing.assert_array_equal(cur[:, 0], prev[:, -1])
 
 
@@ -113,7 +114,7 @@ def test_normal_rewards_and_mdp_stream_are_seeded():
     a = control.draw_mdps(control.ControlConfig(mdps=3, seed=5, rewards="normal"), algo)
     b = control.draw_mdps(control.ControlConfig(mdps=3, seed=5, rewards="normal"), algo)
     c = control.draw_mdps(control.ControlConfig(mdps=3, seed=5), algo)
-    np.testing.assert_array_equal(a.R, b.R)
+    np.testing.assert_array_equal(a.R, b.R)  # exact here and below: the same draws from the same seed
     np.testing.assert_array_equal(a.P, c.P)  # same transitions, other rewards
     assert np.abs(c.R).max() <= 1 and np.abs(a.R).max() > 0 and not np.allclose(a.R, c.R)
 
@@ -189,12 +190,13 @@ def test_theta_star_on_random_features_tracks_the_teacher_exactly(tmp_path, fami
         opts.update(alpha=20.0, critic_step=0.1)
     ck = construct(family, opts, tmp_path / family)
     res = control.run_checkpoint(ck, control.ControlConfig(**SMALL), progress=False)
+    # the agreement is a share of counts: exact
     assert res["tracking"]["rel_param_distance_max"] < 1e-12 and res["tracking"]["greedy_agreement_min"] == 1.0
     config, _ = checkpoint.read(ck)
     algo = control.algorithm_for(config)
     mdp = control.draw_mdps(control.ControlConfig(**SMALL), algo)
     hot = control.draw_mdps(control.ControlConfig(**SMALL), sarsa.Control(3, 2, 0.5, 1.0, 1.0))
-    np.testing.assert_array_equal(mdp.P, hot.P)  # the same MDPs as for one-hot, with features added
+    np.testing.assert_array_equal(mdp.P, hot.P)  # the same MDPs as for one-hot, with features added (same draws)
     np.testing.assert_array_equal(mdp.R, hot.R)
     assert mdp.phi.shape == (SMALL["mdps"], 3, 2, 4) and hot.phi is None
     with raises_user("must be bound to MDPs"):

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from icrl_interp import checkpoint, cli, devices, probe_spec, recorder
+from helpers import theta_star_setup
+
+from icrl_interp import cli, devices, recorder
 from icrl_interp.errors import UserError
-from icrl_interp.models import theta_star_model
 from icrl_interp.recording import Recording
 
 CK = Path(__file__).resolve().parents[1] / "data" / "checkpoints" / "sarsa"
@@ -73,10 +74,8 @@ def test_to_device_moves_every_tensor_of_a_nested_batch():
 
 
 def _setup():
-    model = theta_star_model("linear-td", d=3, n_layers=2, alpha=0.7)
-    cfg = checkpoint.make_config(model.config, {"task": {"kind": "boyan", "n": 8, "n_states": 6},
-                                                "origin": model.origin})
-    return model, recorder.PromptSource(config=cfg, n_total=24, seed=1), probe_spec.shipped_spec("linear-td")
+    model, cfg, spec = theta_star_setup(8)
+    return model, recorder.PromptSource(config=cfg, n_total=24, seed=1), spec
 
 
 def test_buffers_are_handed_to_the_writer_only_after_a_synchronize(tmp_path, monkeypatch):
@@ -109,7 +108,7 @@ def test_device_cpu_records_what_the_default_records(tmp_path):
     recorder.record(model, tmp_path / "b.h5", spec, source, batch_size=8, progress=False, device="cpu")
     with Recording(tmp_path / "a.h5") as a, Recording(tmp_path / "b.h5") as b:
         for hook in a.hooks():
-            np.testing.assert_array_equal(a.read(hook), b.read(hook))
+            np.testing.assert_array_equal(a.read(hook), b.read(hook))  # exact: the same computation on the CPU
 
 
 def test_record_on_cuda_without_one_creates_nothing(tmp_path, no_cuda):

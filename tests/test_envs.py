@@ -22,10 +22,10 @@ def test_boyan_transitions_have_the_documented_structure(n_states):
     for i in range(s - 2):
         # only i+1 and i+2 are reachable, and the step probability lies in [0.01, 0.99]
         others = np.delete(P[:, i], [i + 1, i + 2], axis=-1)
-        assert np.all(others == 0)
+        assert np.all(others == 0)  # exact: unreachable entries are never written
         assert np.all((P[:, i, i + 1] >= 0.01) & (P[:, i, i + 1] <= 0.99))
         np.testing.assert_allclose(P[:, i, i + 1] + P[:, i, i + 2], 1.0, atol=1e-15)
-    assert np.all(P[:, s - 2, s - 1] == 1.0)
+    assert np.all(P[:, s - 2, s - 1] == 1.0)  # exact: a literal 1
     assert np.all(P[:, s - 1] > 0)  # the last state can jump anywhere: continuing and ergodic
     assert len({P[b].tobytes() for b in range(50)}) == 50  # every task draws a fresh chain
 
@@ -74,7 +74,7 @@ def test_stationary_distribution_of_a_hand_worked_chain():
 def test_onehot_features_and_representable_rewards():
     mrp = boyan(batch=5, n_states=6, features="onehot", beta=2.5)
     assert mrp.d == 6
-    np.testing.assert_array_equal(mrp.phi, np.broadcast_to(2.5 * np.eye(6), (5, 6, 6)))
+    np.testing.assert_array_equal(mrp.phi, np.broadcast_to(2.5 * np.eye(6), (5, 6, 6)))  # exact: beta times 0 or 1
     rep = boyan(batch=16, n_states=10, d=3, rewards="representable")
     v = rep.values()
     for b in range(16):  # v lies in the span of the features: v = phi w exactly
@@ -97,7 +97,7 @@ def test_transition_frequencies_converge_to_P():
         # by the strong Markov property the successors of s are i.i.d. draws from P[s]
         tol = se_tolerance(mrp.P[b], visits)
         assert np.all(np.abs(counts / visits - mrp.P[b]) <= tol)
-    np.testing.assert_array_equal(traj.rewards, np.take_along_axis(mrp.r, traj.states[:, :-1], 1))
+    np.testing.assert_array_equal(traj.rewards, np.take_along_axis(mrp.r, traj.states[:, :-1], 1))  # exact: looked up
 
 
 def test_stationary_start_stays_stationary_across_independent_runs():
@@ -133,7 +133,7 @@ def test_sampled_transitions_are_possible_in_every_task():
 def test_seeds_make_tasks_and_trajectories_reproducible():
     a, b, c = boyan(seed=11), boyan(seed=11), boyan(seed=12)
     for f in ("P", "r", "phi"):
-        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))  # exact: the same computation rerun
         assert not np.array_equal(getattr(a, f), getattr(c, f))
     t1, t2, t3 = a.sample(40, rng=3), a.sample(40, rng=3), a.sample(40, rng=4)
     np.testing.assert_array_equal(t1.states, t2.states)
@@ -189,7 +189,7 @@ def test_epsilon_greedy_known_answer():
     q = np.array([[[1.0, 3.0, 2.0], [5.0, 5.0, 0.0]]])
     pi = envs.epsilon_greedy(q, 0.3)
     np.testing.assert_allclose(pi, [[[0.1, 0.8, 0.1], [0.8, 0.1, 0.1]]])  # ties go to the first action
-    np.testing.assert_array_equal(envs.epsilon_greedy(q, 0.0), [[[0, 1, 0], [1, 0, 0]]])
+    np.testing.assert_array_equal(envs.epsilon_greedy(q, 0.0), [[[0, 1, 0], [1, 0, 0]]])  # exact: 1 - 0 and 0 / 3
     np.testing.assert_allclose(envs.epsilon_greedy(q, 1.0), np.full((1, 2, 3), 1 / 3))
     rand = np.random.default_rng(0).standard_normal((5, 4, 6))
     np.testing.assert_allclose(envs.epsilon_greedy(rand, 0.17).sum(-1), 1.0, atol=1e-15)
@@ -210,7 +210,7 @@ def test_state_action_onehot():
     phi = envs.state_action_onehot(3, 2)
     assert phi.shape == (3, 2, 6)
     for s, a in itertools.product(range(3), range(2)):
-        np.testing.assert_array_equal(phi[s, a], np.eye(6)[s * 2 + a])
+        np.testing.assert_array_equal(phi[s, a], np.eye(6)[s * 2 + a])  # exact: literal 0s and 1s
     np.testing.assert_array_equal(mdps(batch=1, n_states=3, n_actions=2).features(), phi)
 
 
@@ -220,7 +220,7 @@ def test_mdps_with_their_own_features():
     assert mdp.phi is None and mdp.d == 6 and mdp.feature_table().shape == (3, 3, 2, 6)
     phi = np.random.default_rng(0).standard_normal((3, 3, 2, 4))
     own = mdp.with_features(phi)
-    assert own.d == 4 and own.features() is own.phi and np.array_equal(own.phi, phi)
+    assert own.d == 4 and own.features() is own.phi and np.array_equal(own.phi, phi)  # exact: copies
     np.testing.assert_array_equal(own.P, mdp.P)
     with raises_user("phi"):
         build_plain(envs.MDPBatch, P=mdp.P, R=mdp.R, start=mdp.start, gamma=0.5, phi=phi[:2])
@@ -233,7 +233,7 @@ def test_mdp_laws():
     mdp = mdps(batch=200, n_states=4, n_actions=3)
     np.testing.assert_allclose(mdp.P.sum(-1), 1.0, atol=1e-12)
     assert np.all(mdp.P > 0) and np.all(np.abs(mdp.R) <= 1)
-    np.testing.assert_array_equal(mdp.start, np.full((200, 4), 0.25))
+    np.testing.assert_array_equal(mdp.start, np.full((200, 4), 0.25))  # exact: 1 / 4
     # Dirichlet(1) rows: each entry has mean 1/S and variance (S-1)/(S^2 (S+1))
     S, count = 4, mdp.P.size // 4
     var = (S - 1) / (S**2 * (S + 1))
@@ -312,7 +312,7 @@ def test_mdp_sampling_frequencies_converge():
     traj = mdp.sample(pi, n, rng=9)
     assert traj.actions.shape == (2, n + 1) and traj.states.shape == (2, n + 1)
     rows = np.arange(2)[:, None]
-    np.testing.assert_array_equal(traj.rewards, mdp.R[rows, traj.states[:, :-1], traj.actions[:, :-1]])
+    np.testing.assert_array_equal(traj.rewards, mdp.R[rows, traj.states[:, :-1], traj.actions[:, :-1]])  # looked up
     for b in range(2):
         sa = np.zeros((3, 2))
         np.add.at(sa, (traj.states[b], traj.actions[b]), 1)
@@ -331,7 +331,7 @@ def test_mdp_sampling_is_seeded():
     np.testing.assert_array_equal(t1.states, t2.states)
     np.testing.assert_array_equal(t1.actions, t2.actions)
     assert not np.array_equal(t1.states, t3.states)
-    np.testing.assert_array_equal(mdps(seed=4).P, mdps(seed=4).P)
+    np.testing.assert_array_equal(mdps(seed=4).P, mdps(seed=4).P)  # exact: the same computation rerun
     assert not np.array_equal(mdps(seed=4).R, mdps(seed=5).R)
     fixed = mdp.sample(pi, 5, rng=0, start_states=np.arange(8) % 4)
     np.testing.assert_array_equal(fixed.states[:, 0], np.arange(8) % 4)

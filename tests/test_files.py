@@ -122,3 +122,63 @@ def test_atomic_dir_fsyncs_files_and_both_directories_around_the_rename(tmp_path
         assert (out / "a.json").exists()
     assert [e[0] for e in events] == ["fsync", "fsync", "replace", "replace", "fsync"]
     assert events[3][1] == "ck" and _listing(out) == ["c"] and _listing(tmp_path) == ["ck"]
+
+
+# ------------------------------------------------------------------ leftovers and locks
+def test_temporaries_are_exactly_the_names_atomic_path_gives(tmp_path):
+    """mkstemp's `.NAME.XXXXXXXX.tmp` (8 of a-z, 0-9, _), files only: nothing a user would name so."""
+    with files.atomic_path(tmp_path / "a.json") as tmp:
+        assert files.temporaries(tmp_path, "a.json") == [tmp]  # what a kill here would leave
+        assert files.temporaries(tmp_path) == [tmp]
+    for name in (".a.json.tmp", "a.json.abcd_123.tmp", ".a.json.abcd_1234.tmp", ".a.json.ABCD_123.tmp",
+                 ".b.json.abcd_123.tmp", ".a.json.abcd_123.png"):
+        (tmp_path / name).write_text("user")
+    (tmp_path / ".a.json.abcd_999.tmp").mkdir()
+    (tmp_path / ".a.json.abcd_888.tmp").symlink_to(tmp_path / "a.json")
+    assert files.temporaries(tmp_path, "a.json") == []
+    assert [p.name for p in files.temporaries(tmp_path, suffix=".png")] == [".a.json.abcd_123.png"]
+    assert [p.name for p in files.temporaries(tmp_path)] == [".b.json.abcd_123.tmp"]
+    assert files.temporaries(tmp_path / "missing") == []
+
+
+def test_a_lock_is_exclusive_names_its_holder_and_goes_with_its_last_process(tmp_path, monkeypatch):
+    import multiprocessing as mp
+
+    monkeypatch.setattr(files, "LOCK_WAIT_S", 0.05)
+    path = tmp_path / "r.lock"
+    with files.locked(path, "the thing"):
+        assert json.loads(path.read_text()) == {"schema": files.LOCK_SCHEMA, "pid": os.getpid()}
+        assert files.is_lock_file(path)
+        with pytest.raises(files.UserError, match=rf"^the thing is being written by process {os.getpid()} of "):
+            with files.locked(path, "the thing"):
+                pass
+    assert not path.exists()  # removed by its holder
+    with files.locked(path, "x", keep=True):  # a marker: kept, and free again once its holder is done
+        pass
+    assert files.is_lock_file(path)
+    # a forked child holds the lock it inherited until it exits, also when its parent is gone (killed: no
+    # `finally` removed the file); the lock of a dead process is free at once
+    go, done = mp.get_context("fork").Event(), mp.get_context("fork").Event()
+    with files.locked(path, "x", keep=True):
+        child = mp.get_context("fork").Process(target=lambda: (done.set(), go.wait(30)))
+        child.start()
+        done.wait(30)
+    with pytest.raises(files.UserError, match="is being written by"):
+        with files.locked(path, "x"):
+            pass
+    go.set()
+    child.join(30)
+    with files.locked(path, "x"):
+        pass
+    path.write_text("")  # a holder killed between creating and writing the file
+    assert files.is_lock_file(path)
+    path.write_text(json.dumps({"schema": "icrl_interp.other/1"}))
+    assert not files.is_lock_file(path)
+
+
+def test_atomic_path_creates_the_missing_parents_of_its_file(tmp_path):
+    """The helper's own contract: every missing directory above the file is made (the commands refuse a
+    missing parent of --out before they write anything; the helper does not refuse)."""
+    target = tmp_path / "a" / "b" / "c.json"
+    files.write_json(target, {"x": 1})
+    assert json.loads(target.read_text()) == {"x": 1} and _listing(tmp_path / "a" / "b") == ["c.json"]

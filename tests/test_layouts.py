@@ -46,10 +46,10 @@ def test_readout_blocks_and_signs():
     assert (softmax_td.layout(2).readout_block, softmax_td.layout(2).readout_sign) == ("current_mem", 1)
     assert (sarsa.layout(2).readout_block, sarsa.layout(2).readout_sign) == ("w", 1)
     z = np.arange(2 * 3 * 5, dtype=float).reshape(2, 3, 5)  # td layout, d = 2: reward row is 4
-    np.testing.assert_array_equal(linear_td.layout(2).readout(z), -z[:, -1, 4:5])
+    np.testing.assert_array_equal(linear_td.layout(2).readout(z), -z[:, -1, 4:5])  # exact: a negated copy
     torch = pytest.importorskip("torch")
     zt = torch.arange(2 * 3 * 11, dtype=torch.float64).reshape(2, 3, 11)  # sarsa, d = 3: w = rows 8..10
-    assert torch.equal(sarsa.layout(3).readout(zt), zt[:, -1, 8:11])
+    assert torch.equal(sarsa.layout(3).readout(zt), zt[:, -1, 8:11])  # exact: a copy
 
 
 @pytest.mark.parametrize("family", registry.names())

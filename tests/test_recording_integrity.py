@@ -65,6 +65,7 @@ def _contents(path) -> dict:
 
 
 def _assert_same(a: dict, b: dict) -> None:
+    """Exact: the resumed writer stores the same numbers it was given."""
     assert a.keys() == b.keys()
     for k in a:
         if isinstance(a[k], np.ndarray):
@@ -269,6 +270,20 @@ def test_resume_refuses_another_run(tmp_path, key, value):
         assert f"({META[key]} there, {value} now)" in str(info.value)
 
 
+@pytest.mark.parametrize("progress", [10**9, 2 * B + 1, -1])
+def test_resume_refuses_a_progress_outside_the_rows(tmp_path, progress):
+    """A damaged /progress would stretch every dataset to that many rows of nothing (or below zero)."""
+    _writer(tmp_path / "a.h5", range(2)).close()
+    partial = partial_path(tmp_path / "a.h5")
+    with h5py.File(partial, "r+") as f:
+        f["progress"][0] = progress
+    before = partial.read_bytes()
+    with pytest.raises(UserError, match=rf"cannot resume: .* is corrupt \(/progress says {progress} prompts, "
+                                        rf"but /\S+ holds {2 * B} rows\)"):
+        RecordingWriter(tmp_path / "a.h5", META, resume=True)
+    assert partial.read_bytes() == before and not partial.with_name(partial.name + ".resume").exists()
+
+
 def test_partials_of_older_versions_resume_without_n_total(tmp_path):
     old = {k: v for k, v in META.items() if k != "n_total"}
     _writer(tmp_path / "a.h5", range(2), meta=old).close()
@@ -320,3 +335,35 @@ def test_the_integrity_attribute_digests_the_global_heaps(finished):
     raw = finished.read_bytes()
     assert heaps and all(raw[at : at + 4] == b"GCOL" for at, _, _ in heaps)
     assert all(hashlib.sha256(raw[at : at + n]).hexdigest() == d for at, n, d in heaps)
+
+
+def test_a_writer_killed_before_its_first_batch_leaves_no_torn_partial_file(tmp_path):
+    """Until its first batch is on disk in SWMR mode, HDF5 holds a new file's metadata in memory: a writer
+    SIGKILLed then left a torn .partial that --resume could not open. The file now takes the partial name
+    only after that batch; before, it is `.partial.new`, which the next run overwrites."""
+    import multiprocessing as mp
+    import signal
+
+    from icrl_interp.recording import scratch_paths
+
+    out = tmp_path / "k.h5"
+
+    def killed_before_the_first_batch():
+        w = RecordingWriter(out, META)
+        w.write_static("params", {"blocks.0.attn.P": np.eye(7)})
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    proc = mp.get_context("fork").Process(target=killed_before_the_first_batch)
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == -signal.SIGKILL
+    new = scratch_paths(out)[0]
+    assert not partial_path(out).exists() and new.is_file()
+    with pytest.raises(UserError, match="nothing to resume"):
+        RecordingWriter(out, META, resume=True)
+    w = _writer(out, range(1))  # a new run starts over it
+    assert partial_path(out).is_file() and not new.exists()
+    w.close()
+    r = RecordingWriter(out, META, resume=True)
+    assert r.n_done == B
+    r.close()

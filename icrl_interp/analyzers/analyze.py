@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import registry
-from ..errors import UserError
+from ..errors import ModelFault, UserError
 from ..files import json_clean
 from ..layouts import PromptLayout
 from . import convergence, inputs, readout as R, streams as S, weights
@@ -218,7 +218,10 @@ def _guard(reasons: dict, key: str, fn, *args, **kw):
 
 
 def _failure(e: BaseException) -> str:
-    """The `skipped` reason of an analyzer that raised."""
+    """The `skipped` reason of an analyzer that raised; a failure of the model a live analysis runs is
+    raised on: it fails every analyzer, and the run."""
+    if isinstance(e, ModelFault):
+        raise e
     if isinstance(e, UserError):
         return f"failed: {e}"
     return f"failed (internal error, {type(e).__name__}): {e}"
@@ -376,17 +379,14 @@ def analyze_open(rec, opts: AnalyzeOptions | None = None, source=None, kind: str
     opts = opts or AnalyzeOptions()
     path = rec.path if source is None else source
     reasons: dict = {}
-    try:
-        config = rec.checkpoint_config
-    except UserError as e:
-        config = None
-        reasons["checkpoint_config"] = str(e)
+    config = rec.checkpoint_config  # a config that does not parse: the file is damaged (UserError)
     info = rec.model_info
     subject = Subject(info["family"], info["architecture"], rec.task_family)
     raw_layout = rec.attr("layout")
     layout = inputs.layout_from_dict(raw_layout) if raw_layout is not None else None
     if layout is None and opts.layout is not None:
         layout = inputs.layout_from_dict(opts.layout)
+    _refuse_damage(rec, subject, layout, own_layout=raw_layout is not None)
     params = {k: np.asarray(v, dtype=np.float64) for k, v in rec.group("params").items()}
     theta = {k: np.asarray(v, dtype=np.float64) for k, v in rec.group("theta_star").items()}
     family_w = subject.family
@@ -409,6 +409,27 @@ def analyze_open(rec, opts: AnalyzeOptions | None = None, source=None, kind: str
     out["activations"] = _guard(reasons, "activations", _activations, rec, subject, layout, params, config,
                                 n_layers, gamma, opts, reasons, out)
     return _finish(out, reasons)
+
+
+def _refuse_damage(rec, subject: Subject, layout, own_layout: bool) -> None:
+    """A UserError for an input that is damaged or read with a layout that does not fit it, before any
+    analyzer runs. A section that does not apply to a sound input (no task data, a foreign model's basis)
+    is 'not applicable' in `skipped`; what is checked here would make every section wrong instead: every
+    recording holds its prompts /prompts/z [N, pos, d_model] at its layout's width, and the families it
+    names are registered (a family of your own: ICRL_INTERP_FAMILIES, docs/adding-a-family.md)."""
+    for what, name in (("task family", subject.task_family), ("model family", subject.family)):
+        if name is not None and registry.find(name) is None:
+            raise UserError(f"{rec.path}: the recording's {what} {name!r} is not a registered family (known: "
+                            f"{', '.join(registry.names())}); register it (docs/adding-a-family.md) or check the file")
+    if "prompts/z" not in rec.f:
+        raise UserError(f"{rec.path}: damaged recording: no /prompts/z (every recording holds its prompts)")
+    shape = tuple(rec.f["prompts/z"].shape)
+    if len(shape) != 3:
+        raise UserError(f"{rec.path}: damaged recording: /prompts/z has shape {shape}, expected [N, pos, d_model]")
+    if layout is not None and shape[2] != layout.d_model:
+        raise UserError(f"{rec.path}: damaged recording: its prompts have width {shape[2]} but its layout has d_model "
+                        f"{layout.d_model}" if own_layout else f"--layout has d_model {layout.d_model} but the "
+                        f"prompts of {rec.path} have width {shape[2]}: the layout does not fit this recording")
 
 
 def _layers_from_hooks(hooks: list[str]) -> int:
@@ -443,7 +464,7 @@ def _facts(rec, subject: Subject, layout, n_layers, reasons) -> _Facts | None:
     The value error reads hook_resid_post of the layers recorded at the layout's width; every other
     layer gets its reason (a model of a known family that lacks the hook or has another width: the
     recording or the layout is wrong; a foreign model: its residual stream has its own basis, and the
-    readouts serve instead). A recording without prompts or /prompts/z is a UserError."""
+    readouts serve instead). A recording without prompts is a UserError (without /prompts/z: `_refuse_damage`)."""
     f, N = rec.f, rec.n_prompts
     if N == 0:
         raise UserError(f"{rec.path}: the recording holds no prompts")
@@ -451,14 +472,9 @@ def _facts(rec, subject: Subject, layout, n_layers, reasons) -> _Facts | None:
     if not hooks and "outputs/model" not in f and "lens" not in f:
         reasons["activations"] = "no recorded hooks"
         return None
-    if "prompts/z" not in f:
-        raise UserError(f"{rec.path}: recording has no /prompts/z")
-    pos = int(f["prompts/z"].shape[1])
+    pos = int(f["prompts/z"].shape[1])  # present, at the layout's width: `_refuse_damage`
     readable = set()
-    if layout is not None and f["prompts/z"].shape[2] != layout.d_model:
-        reasons["value_error"] = (f"the prompts have d_model {f['prompts/z'].shape[2]} but the layout has "
-                                  f"{layout.d_model}: the layout does not fit the prompts")
-    elif layout is not None:
+    if layout is not None:
         foreign = subject.model is None
         for l in range(n_layers):
             h = f"blocks.{l}.hook_resid_post"

@@ -44,6 +44,9 @@ Array = np.ndarray
 
 ALPHA_GRID = np.logspace(-10, 2, 13)
 """Ridge penalties tried, relative to the mean feature variance times the sample count."""
+MIN_UNIT = 1e-280
+"""Floor of that unit (features that never vary have variance 0): every penalty stays a normal float, so the
+solve gives coefficients 0 (the mean probe); a denormal penalty's reciprocal overflows and makes them NaN."""
 
 
 def solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -216,7 +219,7 @@ def select_alpha(folds: list[RidgeStats]) -> tuple[float, RidgeStats]:
         train = train + st
     if train.n < 2:
         raise UserError("too few training tasks for a ridge probe")
-    unit = max(float(np.trace(train.centred()[0])) / train.n_features, 1e-300)
+    unit = max(float(np.trace(train.centred()[0])) / train.n_features, MIN_UNIT)
     alphas = unit * ALPHA_GRID
     cv = np.zeros(len(alphas))
     for held in folds:
@@ -346,7 +349,7 @@ class ProbeAccumulator:
         if train[-1, -1] < 2:
             raise UserError("too few training tasks for a ridge probe")
         n, mx, my, cxx, cxy = self._centred(train)
-        alphas = max(float(np.trace(cxx)) / F, 1e-300) * ALPHA_GRID
+        alphas = max(float(np.trace(cxx)) / F, MIN_UNIT) * ALPHA_GRID
         cv = np.zeros((len(alphas), T))
         for held in G[:k]:
             rest = train - held

@@ -69,6 +69,10 @@ class VerdictData:
     task_family: str | None = None
     model_info: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    roles: dict = field(default_factory=dict)
+    """[roles] of the probe spec the recording was made with: role -> the recorded model's module path
+    (a model of your own; empty for the package's and TransformerLens models). The causal evidence edits
+    the model there when no other spec is given."""
 
 
 def _context_features(ds, pos: int, n: int, name: str) -> np.ndarray | None:
@@ -157,8 +161,14 @@ def load(path, max_prompts: int = 1024) -> VerdictData:
             states=np.asarray(f["prompts/state"][:N]) if "prompts/state" in f else None,
             policy=np.asarray(f["tasks/policy"][:N], dtype=np.float64) if "tasks/policy" in f else None,
             source=str(path), task_family=rec.task_family, model_info=rec.model_info, notes=notes,
-            resid_last=resid_last)
+            resid_last=resid_last, roles=_recorded_roles(rec.attr("probe_spec")))
         return data
+
+
+def _recorded_roles(spec) -> dict:
+    """The [roles] table of a recording's `probe_spec` attribute ({} when it has none)."""
+    roles = spec.get("roles") if isinstance(spec, dict) else None
+    return dict(roles) if isinstance(roles, dict) else {}
 
 
 class _Head:
@@ -378,8 +388,8 @@ def decide(names: list[str], r2: np.ndarray, boot: np.ndarray, baseline: float, 
     clear = bool(fits and out["margin_ci"] is not None and out["margin_ci"][0] > 0)
     out["fits"] = fits
     out["clear"] = clear
-    if not fits:
-        out["text"] = (f"none fits: the best candidate ({best}) has held-out R^2 {out['best_r2']:.3g}"
+    if not fits:  # the model-level `best` is null here: the text names the closest candidate, not a best one
+        out["text"] = (f"none fits: the closest candidate ({best}) has held-out R^2 {out['best_r2']:.3g}"
                        f" (needs >= {min_r2:g}, an interval above 0 and above the input baseline {baseline:.3g})")
     elif clear:
         out["text"] = f"{best} (margin over {out['runner_up']}: {out['margin']:.3g}, interval above 0)"

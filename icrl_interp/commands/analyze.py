@@ -146,6 +146,11 @@ def run(args) -> int:
         rows = _live_rows(args, opts)
     elif args.model is not None or args.task is not None or args.weights is not None:
         raise UserError("--model, --task and --weights analyze a model live: add --live (or record it first)")
+    elif unused := _live_only(args):
+        one = len(unused) == 1
+        raise UserError(f"{', '.join(unused)}: {'an option' if one else 'options'} of --live (how a model is run on "
+                        "prompts); without --live a checkpoint is analyzed from its weights and a recording from "
+                        f"what it holds: add --live, or drop {'it' if one else 'them'}")
     elif not args.inputs:
         raise UserError("give at least one INPUT (checkpoint, recording, TL weights or a directory of them), "
                         "or --live with --model FILE.py:FUNC --task FAMILY")
@@ -159,11 +164,20 @@ def run(args) -> int:
         write_json(args.json, rows[0] if len(rows) == 1 and len(args.inputs) <= 1 else rows)
     failed = [r for r in rows if "error" in r]
     for r in failed:
-        print(f"icrl-interp analyze: error: {r['source']}: {r['error']}", file=sys.stderr)
+        where = "" if str(r["error"]).startswith(str(r["source"])) else f"{r['source']}: "  # most errors name it
+        print(f"icrl-interp analyze: error: {where}{r['error']}", file=sys.stderr)
     empty = [(r, status_of(r)[1]) for r in rows if "error" not in r and status_of(r)[0] == "nothing analyzed"]
     for r, why in empty:
         print(f"icrl-interp analyze: nothing analyzed: {r['source']}: {why}", file=sys.stderr)
     return 2 if failed or empty else 0
+
+
+def _live_only(args) -> list[str]:
+    """The --live options the user gave (flags as typed)."""
+    from .. import devices
+
+    device = ["--device"] if args.device != devices.DEFAULT else []
+    return task_options.given_flags(args, task_options.PROMPT_OPTIONS) + device
 
 
 def _live_rows(args, opts) -> list[dict]:
@@ -177,12 +191,15 @@ def _live_rows(args, opts) -> list[dict]:
         raise UserError(f"give either checkpoint directories ({args.inputs[0]}) or --model, not both")
     from .. import devices
 
+    for path in args.inputs or [None]:  # every run's sizes, before torch is imported: a refusal is instant
+        if path is None or is_checkpoint(path):
+            task_options.check_sizes(args, path)
     devices.resolve(args.device)  # refused before any model is loaded
     run_args = dict(probe=args.probe, tasks=args.tasks, batch_size=args.batch_size, seed=args.prompt_seed,
                     baseline=args.baseline, prompts=args.prompts, options=opts, progress=opts.progress,
                     device=args.device)
     if args.model is not None:
-        model, config, name = task_options.model_and_task(args)
+        model, config, name = task_options.model_and_task(args, None)
         return [analyze_model(model, config, name=name, **run_args)]
     if args.task is not None or args.weights is not None:
         raise UserError("--task and --weights go with --model; a checkpoint brings its own task and weights")

@@ -123,8 +123,9 @@ def run(args) -> int:
         output_file(args.json, "--json", inputs=inputs, suffixes=(".json",))
     if args.figure:
         output_file(args.figure, "--figure", inputs=inputs, suffixes=(".png", ".svg"))
+    task_options.check_sizes(args, args.checkpoint, held=True)  # before torch is imported: a refusal is instant
     device = devices.resolve(args.device)  # refused before the model is loaded
-    model, config, source = task_options.model_and_task(args)
+    model, config, source = task_options.model_and_task(args, args.checkpoint)
     model.to(device)
     section = causal_test(model, config, args.layer, method=args.method, hook=args.hook, probe=args.probe,
                           direction=args.direction, tasks=args.tasks, test_fraction=args.test_fraction,

@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from .. import checkpoint, recorder
+    from .. import checkpoint
     from ..errors import UserError
     from ..outputs import output_file
 
@@ -43,10 +43,13 @@ def run(args) -> int:
         raise UserError("--also-analyze writes one file in one pass: drop --shards, or record the shards first "
                         "and run `icrl-interp analyze OUT`")
     output_file(args.out, "--out", inputs=task_options.input_files(args), suffixes=(".h5", ".hdf5"))
-    devices.resolve(args.device)  # refused before the model is loaded
     if args.json is not None:
         output_file(args.json, "--json", inputs=[*task_options.input_files(args), args.out])
-    model, config, name = task_options.model_and_task(args)
+    task_options.check_sizes(args, args.checkpoint, args.out)  # before torch is imported: a refusal is instant
+    devices.resolve(args.device)  # refused before the model is loaded
+    from .. import recorder
+
+    model, config, name = task_options.model_and_task(args, args.checkpoint)
     sha = checkpoint.sha256(args.checkpoint) if args.model is None else ""
     run_args = dict(probe=args.probe, tasks=args.tasks, batch_size=args.batch_size, seed=args.prompt_seed,
                     baseline=args.baseline, prompts=args.prompts, checkpoint_sha256=sha)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from contextlib import contextmanager
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,8 +46,17 @@ def run(args) -> int:
     for found in discover(args.inputs, causal=True):
         if found.kind == "missing":
             raise UserError(f"input {found.path} {found.problem}; check the path (nothing was written)")
+        if found.kind == "file":
+            _check_named_file(found.path)
     out = claim_out_dir(args.out, args.inputs)
-    outcome = build_report(args.inputs, out, config)
+    created = not os.path.exists(out)
+    try:
+        with _remote_engine(config.scheduler) as engine:  # an unreachable scheduler fails before anything is written
+            outcome = build_report(args.inputs, out, config, engine=engine)
+    except (UserError, OSError):
+        if created:
+            _remove_if_nothing_kept(out)
+        raise
     write_figure_manifest(out, outcome.figures)
     reused = sum(r.cached for r in outcome.results)
     print(text_table(outcome.results))
@@ -53,4 +64,45 @@ def run(args) -> int:
           f"({reused} from cache), {outcome.n_failed} failed; "
           f"{sum(bool(f.files) for f in outcome.figures)} figures")
     print(f"report: {os.path.join(outcome.out_dir, 'index.html')}")
+    for r in outcome.results:  # the page and summaries hold these rows; the error stream names them too
+        if r.failed:
+            what, why = ("error", r.error) if r.status == "failed" else (r.status, r.reasons)
+            why = " ".join(str(why).split())
+            where = "" if why.startswith(str(r.input.path)) else f"{r.input.path}: "
+            print(f"icrl-interp report: {what}: {where}{why}", file=sys.stderr)
     return 1 if outcome.n_failed else 0
+
+
+def _check_named_file(path) -> None:
+    """A file named on the command line (not a causal JSON) is a recording or TL weights, and a recording
+    opens (not truncated, not corrupt): else a one-line UserError before anything is written."""
+    from ..analyzers.inputs import input_kind
+
+    if input_kind(path) == "recording":
+        from ..recording import Recording
+
+        with Recording(path):
+            pass
+
+
+@contextmanager
+def _remote_engine(scheduler: str | None):
+    """The engine of a running Dask scheduler (tcp://...), connected now; None (build_report picks one) for
+    the others, which need no connection (serial, or a local cluster started only when there is work)."""
+    from ..cluster import open_engine, parse_scheduler
+
+    if scheduler is None or parse_scheduler(scheduler).kind != "address":
+        yield None
+        return
+    with open_engine(parse_scheduler(scheduler)) as engine:
+        yield engine
+
+
+def _remove_if_nothing_kept(out) -> None:
+    """Undo the report directory this command created, unless it holds finished analyses (cache/), which a
+    re-run reuses."""
+    import shutil
+
+    cache = os.path.join(out, "cache")
+    if not (os.path.isdir(cache) and any(os.scandir(cache))):
+        shutil.rmtree(out, ignore_errors=True)

@@ -45,7 +45,7 @@ def run(args) -> int:
     from ..train import sweep
     from .train import check_size
 
-    s = sweep.read_sweep(args.grid)
+    s = sweep.read_sweep(args.grid)  # a grid of too many runs is refused here, before torch is imported
     report_config = None if args.no_report else _report_config(s.report, args)
     workers = args.workers if args.workers is not None else min(4, os.cpu_count() or 1)
     chosen = choose_scheduler(args.scheduler, len(s.points), workers)
@@ -64,10 +64,12 @@ def run(args) -> int:
         claim_out_dir(report_dir, flag="the report directory")
     evaluate = not args.no_eval
     todo = [p for p in s.points if not sweep.is_finished(runs_dir / p.name, p.config, evaluate)]
+    _check_disk(todo, out)
     n_failed = 0
-    with open_engine(chosen) as engine:  # an unreachable scheduler fails here, before anything is written
-        runs_dir.mkdir(parents=True, exist_ok=True)
+    # an unreachable scheduler fails first, before anything is written; then the sweep directory is locked
+    with open_engine(chosen) as engine, sweep.writing_sweep(out):
         write_json(out / "sweep.json", sweep.plan(s, runs_dir))
+        runs_dir.mkdir(exist_ok=True)
         jobs = [(p.config.to_dict(), str(runs_dir / p.name), evaluate) for p in todo]
         done = engine.map(sweep.train_point, jobs, desc="training", progress=not args.no_progress,
                           lost=lambda why: {"error": f"worker died: {why}"})
@@ -85,6 +87,20 @@ def run(args) -> int:
             print("no finished run to report on", file=sys.stderr)
             return 1
         return max(_report(finished, report_dir, report_config, engine), 1 if n_failed else 0)
+
+
+def _check_disk(points, out) -> None:
+    """Refuse runs whose checkpoints and metrics would not fit on the disk of the sweep directory."""
+    from ..errors import UserError
+    from ..outputs import human
+    from ..outputs import free_bytes
+    from .train import run_bytes
+
+    need, free = sum(run_bytes(p.config) for p in points), free_bytes(out)
+    if need > free:
+        raise UserError(f"the sweep's {len(points)} runs to train write ~{human(need)} of checkpoints and metrics; "
+                        f"the disk of {out} has {human(free)} free: sweep fewer points or steps, or raise "
+                        "checkpoint_every")
 
 
 def _report_config(fields: dict, args):

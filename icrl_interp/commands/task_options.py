@@ -28,28 +28,57 @@ def add(p: argparse.ArgumentParser) -> None:
     p.set_defaults(_task_fields=fields)
 
 
+class Noted(argparse.Action):
+    """Store the value and note the flag as given (`given_flags`): an option with a real default can still
+    be told apart from one the user typed, so a command can refuse an option it would ignore."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace._noted = {**getattr(namespace, "_noted", {}), self.dest: option_string}
+
+
+def given_flags(args, dests) -> list[str]:
+    """The flags (as typed) of the `Noted` options among `dests` that the user gave, in `dests` order."""
+    noted = getattr(args, "_noted", {})
+    return [noted[d] for d in dests if d in noted]
+
+
+PROMPT_OPTIONS = ("probe", "tasks", "batch_size", "prompt_seed", "prompts", "baseline")
+"""Dests of `add_prompts`: how a model is run on prompts (meaningless for an input that is not run)."""
+
+
 def add_prompts(p: argparse._ActionsContainer, seed_flag: str = "--seed") -> None:
     """How a model is run on its task (`record`, `analyze --live`): probe spec, prompts, batches, baseline.
     `seed_flag` names the sampler's seed (`analyze` keeps --seed for its task split)."""
-    p.add_argument("--probe", help="probe spec TOML (default: the model family's spec in probes/, or the "
-                   "TransformerLens spec; your own module needs one with [roles])")
-    p.add_argument("--tasks", type=int, default=512, help="number of prompts (one task each) to sample")
-    p.add_argument("--batch-size", type=int, default=128, help="prompts per forward pass")
-    p.add_argument(seed_flag, dest="prompt_seed", type=int, default=0, help="seed of the task sampler")
-    p.add_argument("--prompts", help="run on these prompts (.npz or .h5 with z [N, pos, d_model]; may carry "
-                   "task_id, gamma, tasks_* and reference_* arrays) instead of sampling")
-    p.add_argument("--baseline", choices=("random-init", "none"), default="random-init",
+    p.add_argument("--probe", action=Noted, help="probe spec TOML (default: the model family's spec in probes/, "
+                   "or the TransformerLens spec; your own module needs one with [roles])")
+    p.add_argument("--tasks", action=Noted, type=int, default=512, help="number of prompts (one task each) to sample")
+    p.add_argument("--batch-size", action=Noted, type=int, default=128, help="prompts per forward pass")
+    p.add_argument(seed_flag, dest="prompt_seed", action=Noted, type=int, default=0, help="seed of the task sampler")
+    p.add_argument("--prompts", action=Noted, help="run on these prompts (.npz or .h5 with z [N, pos, d_model]; "
+                   "may carry task_id, gamma, tasks_* and reference_* arrays) instead of sampling")
+    p.add_argument("--baseline", action=Noted, choices=("random-init", "none"), default="random-init",
                    help="also run the same architecture at random initialization on the same prompts, "
                    "the probes' baseline (default: random-init)")
 
 
+def _given_options(args) -> dict:
+    """The task options the user gave, of any family."""
+    from ..cli_fields import given
+
+    return given(args, sorted({n for names in args._task_fields.values() for n in names}))
+
+
+def task_flags(args) -> list[str]:
+    """--task and the task options the user gave (flags, for a message)."""
+    return ["--task"] * (args.task is not None) + [f"--{k.replace('_', '-')}" for k in _given_options(args)]
+
+
 def values(args) -> dict:
     """The task options the user gave, checked against the chosen family's."""
-    from ..cli_fields import given
     from ..errors import UserError
 
-    every = sorted({n for names in args._task_fields.values() for n in names})
-    chosen = given(args, every)
+    chosen = _given_options(args)
     if args.task is None:
         if chosen:
             raise UserError(f"--{next(iter(chosen)).replace('_', '-')} is a task option: give --task FAMILY with it")
@@ -73,24 +102,45 @@ def input_files(args) -> list[str]:
     return [v for v in [*(getattr(args, n, None) for n in names), model_file] if v]
 
 
-def model_and_task(args):
-    """(model, task config, source) from `CHECKPOINT` or `--model ... --task FAMILY [task options]`."""
+def model_and_task(args, ckpt: str | None):
+    """(model, task config, source) from the checkpoint directory `ckpt` or `--model ... --task FAMILY [task
+    options]`. The checkpoint is an argument, not read from `args`: each command names its own (a positional
+    of record and causal, verdict's SOURCE when it is a directory, none for analyze --live --model)."""
     from .. import checkpoint
     from ..construct import task_config
     from ..errors import UserError
 
     options = values(args)
     if args.model is None:
-        if args.checkpoint is None:
+        if ckpt is None:
             raise UserError("give a checkpoint directory, or --model FILE.py:FUNC with --task FAMILY")
         if args.task is not None or args.weights is not None:
             raise UserError("--task and --weights go with --model; a checkpoint brings its own task and weights")
-        return checkpoint.load(args.checkpoint), checkpoint.read(args.checkpoint)[0], str(args.checkpoint)
+        return checkpoint.load(ckpt), checkpoint.read(ckpt)[0], str(ckpt)
     from ..models import user
 
-    if args.checkpoint is not None:
-        raise UserError(f"give either a checkpoint ({args.checkpoint}) or --model, not both")
+    if ckpt is not None:
+        raise UserError(f"give either a checkpoint ({ckpt}) or --model, not both")
     if args.task is None:
         raise UserError("--model needs --task FAMILY: the task whose prompts the model reads")
     config = task_config(args.task, options)  # checks the task options before the user's code runs
     return user.load(args.model, args.weights), config, args.model
+
+
+def check_sizes(args, ckpt: str | None, out=None, held: bool = False) -> None:
+    """Memory per batch, disk (`out`: the recording written) and work of the run `add_prompts` describes,
+    refused before torch is imported and before the model is loaded (`icrl_interp.budget`). `held`: the
+    command holds every prompt at once (`causal`): their data is one batch. Inputs that do not make a task
+    are left to `model_and_task`, which names what is wrong with them."""
+    from .. import budget, checkpoint
+    from ..construct import task_config
+
+    if args.model is not None and args.task is not None and ckpt is None:
+        config, own_model = task_config(args.task, values(args)), False
+    elif args.model is None and ckpt is not None and args.task is None:
+        config, own_model = checkpoint.read(ckpt)[0], True
+    else:
+        return
+    budget.check_run(config, tasks=args.tasks, batch_size=args.tasks if held else args.batch_size,
+                     baseline=args.baseline != "none" and not held, own_model=own_model and not held,
+                     prompts=getattr(args, "prompts", None), out=out, batch_flag="--tasks" if held else "--batch-size")

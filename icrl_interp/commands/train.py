@@ -129,24 +129,27 @@ def check_size(cfg) -> None:
         seqs = tasks * s.get("trajectories_per_task", 1) * (s.get("windows", 0) + 1)
         per_prompt = item * ((n + 1) * D * (L + 1) * 4 + (n + 1) ** 2 * L * 2)  # activations, grads, attention
         task_data = 8 * 3 * S * S * A + 8 * 3 * (n + s.get("windows", 0) + 2)
-        params = 4 * item * sum(a * b for a, b in model.parameter_shapes().values()) + LAYER_OVERHEAD * L
+        params = 4 * item * model.parameter_count() + LAYER_OVERHEAD * L
         return params + max(seqs * per_prompt + tasks * task_data, s.get("eval_tasks", 1) * (per_prompt + task_data))
 
     check_fits(estimate, sizes, {k: "--" + k.replace("_", "-") for k in sizes}, "one training step")
 
 
-def check_disk(cfg, run_dir) -> None:
-    """Refuse --steps whose checkpoints and metrics would not fit on the disk of the run directory."""
-    import shutil
-    from pathlib import Path
-
-    from ..errors import UserError
-    from ..outputs import human
+def run_bytes(cfg) -> int:
+    """Bytes a run's checkpoints (model, Adam moments; float64 at most, 8 KiB of JSON) and metrics log
+    take on disk, an upper estimate."""
     from ..train.recipe import recipe_of
 
     params = sum(a * b for a, b in recipe_of(cfg).model_config(cfg).parameter_shapes().values())
-    need = (cfg.steps // cfg.checkpoint_every + 1) * (3 * 8 * params + 8 * 2**10) + (cfg.steps // cfg.log_every + 1) * 256
-    free = shutil.disk_usage(Path(run_dir).resolve().parent).free
+    return (cfg.steps // cfg.checkpoint_every + 1) * (3 * 8 * params + 8 * 2**10) + (cfg.steps // cfg.log_every + 1) * 256
+
+
+def check_disk(cfg, run_dir) -> None:
+    """Refuse --steps whose checkpoints and metrics would not fit on the disk of the run directory."""
+    from ..errors import UserError
+    from ..outputs import free_bytes, human
+
+    need, free = run_bytes(cfg), free_bytes(run_dir)
     if need > free:
         raise UserError(f"--steps {cfg.steps} writes ~{human(need)} of checkpoints and metrics (one checkpoint every "
                         f"{cfg.checkpoint_every} steps); the disk has {human(free)} free: lower --steps or raise "

@@ -2,8 +2,10 @@
 
 On a recording (`verdict REC.h5`: behaviour and representation evidence), on a checkpoint of the package
 (`verdict CKPT`: recorded on its task first, then with causal evidence), or on your own model
-(`verdict --model FILE.py:FUNC [--weights W] --task FAMILY [task options] [--probe SPEC.toml]`, optionally
-with the recording made of it: `verdict REC.h5 --model ...`). docs/verdict.md says how to read it.
+(`verdict --model FILE.py:FUNC [--weights W] --task FAMILY [task options] [--probe SPEC.toml]`), or your
+model with the recording made of it (`verdict REC.h5 --model FILE.py:FUNC [--weights W]`: the recording
+brings the task and the probe spec's [roles], the model is edited for the causal evidence). An option the
+chosen form would ignore (e.g. --tasks on a recording) is refused. docs/verdict.md says how to read it.
 """
 from __future__ import annotations
 
@@ -27,9 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-r2", type=float, default=0.5, help="held-out behaviour R² a candidate needs to fit "
                    "(default: 0.5)")
     p.add_argument("--max-prompts", type=int, default=1024, help="prompts of the recording read (default: 1024)")
-    p.add_argument("--causal-draws", type=int, default=16, help="random directions of the causal control "
-                   "(default: 16)")
-    p.add_argument("--causal-tasks", type=int, default=64, help="held-out tasks edited (default: 64)")
+    p.add_argument("--causal-draws", action=task_options.Noted, type=int, default=16,
+                   help="random directions of the causal control (default: 16)")
+    p.add_argument("--causal-tasks", action=task_options.Noted, type=int, default=64,
+                   help="held-out tasks edited (default: 64)")
     p.add_argument("--no-causal", action="store_true", help="skip the causal evidence even with a model")
     p.add_argument("--json", metavar="OUT.json", help="write the verdict here (icrl_interp.verdict/1)")
     p.add_argument("--figure", metavar="OUT.png", help="draw behaviour R² per layer and candidate")
@@ -60,20 +63,39 @@ def table(v: dict) -> str:
     return "\n".join(lines)
 
 
+def _refuse_unused(args, recording: str) -> None:
+    """Options a verdict on a recording would ignore are refused, naming what would use them: the recording
+    brings its prompts and task; the model given with it (--model) is only edited for the causal evidence."""
+    from ..errors import UserError
+
+    recorded = task_options.given_flags(args, ("tasks", "prompt_seed", "baseline"))
+    if recorded:
+        raise UserError(f"{', '.join(recorded)}: not used on a recording ({recording} holds its prompts); they set "
+                        "how `verdict CKPT` or `verdict --model ... --task` records a model first: drop them")
+    if args.model is not None and task_options.task_flags(args):
+        raise UserError(f"{', '.join(task_options.task_flags(args))}: {recording} brings its own task (the model "
+                        "given with it is edited on the recorded prompts): drop them")
+    causal = task_options.given_flags(args, ("probe", "batch_size", "causal_draws", "causal_tasks"))
+    if args.model is None and causal:
+        raise UserError(f"{', '.join(causal)}: not used without the model; they set the causal evidence, which edits "
+                        "the model: add --model FILE.py:FUNC (the recorded model), or drop them")
+
+
 def run(args) -> int:
     from ..causal_verdict import verdict
     from ..errors import UserError
     from ..files import write_json
     from ..outputs import output_file
 
-    args.checkpoint = None
-    recording = None
+    ckpt = recording = None
     if args.source is not None:
         if Path(args.source).is_dir():
-            args.checkpoint = args.source
+            ckpt = args.source
         else:
             recording = args.source
-    files = task_options.input_files(args) + ([recording] if recording else [])
+    if recording is not None:
+        _refuse_unused(args, recording)
+    files = task_options.input_files(args) + ([args.source] if args.source else [])
     if args.json:
         output_file(args.json, "--json", inputs=files, suffixes=(".json",))
     if args.figure:
@@ -97,20 +119,23 @@ def run(args) -> int:
         if unknown or not cands:
             raise UserError(f"--candidates: unknown {', '.join(unknown) or '(none given)'} "
                             f"(known: {', '.join(CANDIDATES)})")
+    if args.prompts is not None:
+        raise UserError("--prompts: record the model on your prompts first (icrl-interp record --prompts), then "
+                        "run the verdict on that recording")
     model = config = label = None
-    if args.model is not None and recording is not None and args.task is None:
+    if args.model is not None and recording is not None:
         from ..models import user  # the recording brings the task: the model is only edited (causation)
 
         model = user.load(args.model, args.weights)
-    elif args.checkpoint is not None or args.model is not None:
-        model, config, label = task_options.model_and_task(args)
+    elif ckpt is not None or args.model is not None:
+        from tempfile import gettempdir
+
+        task_options.check_sizes(args, ckpt, out=gettempdir())  # it records the model there first
+        model, config, label = task_options.model_and_task(args, ckpt)
     elif args.task is not None or args.weights is not None:
         raise UserError("--task and --weights go with --model")
     if recording is None and model is None:
         raise UserError("give a recording (.h5), a checkpoint directory, or --model FILE.py:FUNC with --task FAMILY")
-    if args.prompts is not None:
-        raise UserError("--prompts: record the model on your prompts first (icrl-interp record --prompts), then "
-                        "run the verdict on that recording")
     v = verdict(recording, model=model, task=config, probe=args.probe,
                 tasks=args.tasks, record_seed=args.prompt_seed, candidates=cands, steps=args.steps,
                 test_fraction=args.test_fraction, seed=args.seed, bootstrap=args.bootstrap, min_r2=args.min_r2,

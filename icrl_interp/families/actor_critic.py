@@ -264,8 +264,8 @@ class Construct(sarsa.Construct):
 
     alpha: float = 1.0
     """The actor's step alpha (--critic-step is the critic's)."""
-    critic_step: float = 1.0
-    """The critic's step beta (--alpha is the actor's step)."""
+    critic_step: float | None = None
+    """The critic's step beta; None (the default): beta = --alpha, the actor's step."""
 
     family = NAME
 
@@ -273,7 +273,8 @@ class Construct(sarsa.Construct):
         return {"m": d}  # the tabular softmax policy: m = d
 
     def constants(self) -> dict:
-        return {"c": self.scale, "beta": self.critic_step}
+        beta = self.alpha if self.critic_step is None else self.critic_step
+        return {"c": self.scale, "beta": beta}  # beta stored explicitly: the checkpoint says which step it holds
 
 
 FAMILY = registry.register(registry.Family(

@@ -101,6 +101,11 @@ class ModelConfig:
         D = self.D
         return {f"blocks.{l}.attn.{p}": (D, D) for l in self.stored_layers() for p in self.parameter_names()}
 
+    def parameter_count(self) -> int:
+        """Numbers in all the parameters: `parameter_shapes` summed without listing them (size estimates
+        of 10^8 untied layers must not build a dict of 10^8 entries first)."""
+        return len(self.stored_layers()) * len(self.parameter_names()) * self.D * self.D
+
     def to_dict(self) -> dict:
         """The model fields of config.json (plus the derived D and layout)."""
         out = asdict(self)

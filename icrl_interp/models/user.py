@@ -4,6 +4,10 @@ The callable takes no arguments and returns a module whose forward takes the tas
 z[batch, pos, d_model] (any embedding lives inside the module) and returns its prediction. Weights,
 when given, are a safetensors state dict loaded strictly: a missing, unexpected or misshapen tensor is
 a one-line error, never a half-loaded model. Nothing is unpickled (docs/byom.md).
+
+Wherever the user's code runs (importing the file, calling FUNC, its forward pass through `forward`),
+an exception or a `sys.exit` becomes one `UserError` line naming what happened; so do parameters
+holding NaN or Inf (`load`) and a non-finite output (`check_output`, per batch).
 """
 from __future__ import annotations
 
@@ -12,7 +16,13 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import ModelFault, UserError, one_line
+
+
+def _exit(e: SystemExit) -> str:
+    """How a sys.exit reads in a message: 'exited with status 3' (None counts as 0)."""
+    code = 0 if e.code is None else e.code
+    return f"exited with status {code}" if isinstance(code, int) else f"called sys.exit({code!r})"
 
 
 def _import_file(path: Path):
@@ -34,9 +44,12 @@ def _import_file(path: Path):
     except UserError:
         sys.modules.pop(name, None)
         raise
+    except SystemExit as e:  # the file ended the program: say so, instead of exiting silently
+        sys.modules.pop(name, None)
+        raise UserError(f"model file {path} {_exit(e)} on import") from None
     except Exception as e:  # the user's file failed: say where, in one line
         sys.modules.pop(name, None)
-        raise UserError(f"importing {path} failed: {type(e).__name__}: {e}") from None
+        raise UserError(f"importing {path} failed: {one_line(e)}") from None
     finally:
         if added:
             sys.path.remove(folder)
@@ -58,8 +71,10 @@ def resolve(spec: str):
             module = importlib.import_module(target)
         except ImportError as e:
             raise UserError(f"--model {spec!r}: cannot import module {target!r} ({e})") from None
+        except SystemExit as e:
+            raise UserError(f"--model {spec!r}: module {target} {_exit(e)} on import") from None
         except Exception as e:
-            raise UserError(f"--model {spec!r}: importing {target} failed: {type(e).__name__}: {e}") from None
+            raise UserError(f"--model {spec!r}: importing {target} failed: {one_line(e)}") from None
     fn = getattr(module, func, None)
     if fn is None:
         raise UserError(f"--model {spec!r}: {target} has no attribute {func!r}")
@@ -109,11 +124,53 @@ def load(spec: str, weights=None):
         model = fn()
     except UserError:
         raise
+    except SystemExit as e:
+        raise UserError(f"--model {spec!r}: {getattr(fn, '__name__', fn)}() {_exit(e)}") from None
     except Exception as e:
-        raise UserError(f"--model {spec!r}: calling {getattr(fn, '__name__', fn)}() failed: {type(e).__name__}: {e}") from None
+        raise UserError(f"--model {spec!r}: calling {getattr(fn, '__name__', fn)}() failed: {one_line(e)}") from None
     if not isinstance(model, nn.Module):
         raise UserError(f"--model {spec!r}: {getattr(fn, '__name__', 'the callable')}() returned "
                         f"{type(model).__name__}, not a torch.nn.Module")
     if weights is not None:
         load_weights(model, weights)
+    check_parameters(model, f"--weights {weights}" if weights is not None else f"--model {spec!r}")
     return model
+
+
+def check_parameters(model, source: str) -> None:
+    """Refuse a model whose parameters hold NaN or Inf (what a diverged training run saves): every output
+    would be NaN, and nothing recorded from it could be read."""
+    import torch
+
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and p.numel():
+            bad = int((~torch.isfinite(p.detach())).sum())
+            if bad:
+                raise UserError(f"{source}: parameter {name} is not finite ({bad} of {p.numel()} values NaN or Inf)")
+
+
+def forward(model, x):
+    """`model(x)` for a user's model: an exception its code raises, or a sys.exit in it, becomes one
+    UserError line (the package's own models keep their tracebacks: there it is a bug)."""
+    try:
+        return model(x)
+    except UserError:
+        raise
+    except SystemExit as e:
+        code = 0 if e.code is None else e.code
+        raise ModelFault(f"the model called sys.exit({code!r}) during its forward pass") from None
+    except MemoryError:
+        raise  # the CLI's one line says "out of memory"
+    except Exception as e:
+        raise ModelFault(f"the model raised {one_line(e)} (its input: prompts z of shape {tuple(x.shape)}, "
+                        f"{str(x.dtype).removeprefix('torch.')})") from e
+
+
+def check_output(y, what: str, where: str) -> None:
+    """Refuse an output (an array) holding NaN or Inf: `what` (the model's output, the readout of layer l,
+    ...) `where` (in batch k of K, prompts a..b). Checked per batch, so a NaN in the last batch is refused too."""
+    import numpy as np
+
+    y = np.asarray(y)
+    if y.dtype.kind in "fc" and not np.isfinite(y).all():
+        raise ModelFault(f"non-finite output: {what} holds {'NaN' if np.isnan(y).any() else 'Inf'} in {where}")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import check
 from ..files import write_atomic
-from .batch import DEFAULT_ANALYZER, ReportInput, Result, collect_inputs, run_batch, write_summaries
+from .batch import DEFAULT_ANALYZER, ReportInput, Result, collect_inputs, run_batch, write_summaries, writing_report
 from .control_eval import ControlSettings
 
 
@@ -95,19 +95,18 @@ def build_report(inputs: list, out_dir, config: ReportConfig | None = None, engi
 
     config = config or ReportConfig()
     control = config.control()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    items = collect_inputs(inputs)
-    results = run_batch(items, out_dir, workers=config.workers, analyzer=config.analyzer,
-                        use_cache=config.use_cache, progress=config.progress, control=control,
-                        scheduler=config.scheduler, engine=engine,
-                        checkpoint_options={"live_tasks": config.live_tasks}
-                        if config.live_tasks and config.analyzer == DEFAULT_ANALYZER else None)
-    write_summaries(results, out_dir)
-    write_probe_tables(results, out_dir)  # td_probes.csv, td_probe_tasks.csv
-    figures = make_figures(results, out_dir, svg=config.svg, max_recordings=config.max_recordings,
-                           log=lambda msg: print(f"warning: {msg}", file=sys.stderr))
-    write_atomic(out_dir / "index.html", render(results, figures, out_dir, title=config.title, embed=config.embed))
+    with writing_report(out_dir) as out_dir:  # locked and marked first: a killed report is resumed here
+        items = collect_inputs(inputs)
+        results = run_batch(items, out_dir, workers=config.workers, analyzer=config.analyzer,
+                            use_cache=config.use_cache, progress=config.progress, control=control,
+                            scheduler=config.scheduler, engine=engine,
+                            checkpoint_options={"live_tasks": config.live_tasks}
+                            if config.live_tasks and config.analyzer == DEFAULT_ANALYZER else None)
+        write_summaries(results, out_dir)
+        write_probe_tables(results, out_dir)  # td_probes.csv, td_probe_tasks.csv
+        figures = make_figures(results, out_dir, svg=config.svg, max_recordings=config.max_recordings,
+                               log=lambda msg: print(f"warning: {msg}", file=sys.stderr))
+        write_atomic(out_dir / "index.html", render(results, figures, out_dir, title=config.title, embed=config.embed))
     return ReportOutcome(results, figures, out_dir)
 
 

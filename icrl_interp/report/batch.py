@@ -22,16 +22,18 @@ import json
 import math
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from .. import outputs
 from .._version import __version__
 from ..analyzers import inputs
 from ..cluster import Engine, engine_for
 from ..errors import UserError, one_line
-from ..files import write_atomic
+from ..faults import kill_point
+from ..files import is_lock_file, locked, temporaries, write_atomic
 from .control_eval import CURVE_KEY, ControlSettings, wants_control
 
 ANALYSIS_SCHEMA = "icrl_interp.analysis/1"
@@ -39,7 +41,12 @@ SUMMARY_SCHEMA = "icrl_interp.report/1"
 CACHE_SCHEMA = "icrl_interp.report-cache/1"
 FIGURES_SCHEMA = "icrl_interp.report-figures/1"
 FIGURES_MANIFEST = "figures/manifest.json"
-"""The figures a report wrote (`write_figure_manifest`): the only ones a later report may delete."""
+"""The figures a report wrote (`write_figure_manifest`): with the figures marked as the package's
+(`outputs.is_ours`), the only ones a later report may delete."""
+REPORT_LOCK = ".icrl_interp-report.lock"
+"""The file a report creates first in its directory and holds locked while it writes there
+(`writing_report`): it marks the directory as a report's even when the report was killed before
+its summary.json, and keeps two reports from writing one directory at once. It stays."""
 DEFAULT_ANALYZER = "icrl_interp.analyzers.analyze:analyze"
 META_COLUMNS = ("input", "kind", "status", "error", "reasons", "sha256", "family", "source", "run_id", "step", "seed",
                 "gamma", "context_length")
@@ -527,6 +534,7 @@ def run_batch(
             r.set_analysis(value)
             ctl = controls.get(i)
             store_cached(cache_dir, r.sha256, key_of(r.input), value, ctl.key() if ctl else None)
+            kill_point("report.analysis")
         else:
             # analyzers name the file in their messages; the row names it already
             prefix = f"{r.input.path}: "
@@ -651,8 +659,32 @@ def write_summaries(results: list[Result], out_dir: Path) -> tuple[Path, Path]:
 
 # ------------------------------------------------------------------ the report directory
 def is_report_dir(path) -> bool:
-    """A directory holding a report's own summary.json (schema icrl_interp.report/1)."""
-    return _read_json(Path(path) / "summary.json").get("schema") == SUMMARY_SCHEMA
+    """A directory holding a report's own summary.json (schema icrl_interp.report/1), or the lock file
+    a report creates first (`REPORT_LOCK`: a report killed before its summary was written)."""
+    path = Path(path)
+    return _read_json(path / "summary.json").get("schema") == SUMMARY_SCHEMA or is_lock_file(path / REPORT_LOCK)
+
+
+def _leftovers(out_dir: Path) -> list[Path]:
+    """The temporary files a killed report left in `out_dir` (`files.temporaries`)."""
+    fig_dir = out_dir / "figures"
+    return (temporaries(out_dir) + temporaries(out_dir / "cache") + temporaries(fig_dir, suffix=".png")
+            + temporaries(fig_dir, suffix=".svg"))
+
+
+@contextmanager
+def writing_report(out_dir) -> Iterator[Path]:
+    """Hold the report directory `out_dir` (made if missing) while a report writes there: its lock
+    file first, then, in a directory that was empty or a report's, the temporary files of a killed
+    report removed (elsewhere, e.g. a folder of the user's given to `build_report`, nothing is removed
+    and the lock file goes at the end). Another report writing there is a one-line UserError."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ours = is_report_dir(out_dir) or not any(out_dir.iterdir())
+    with locked(out_dir / REPORT_LOCK, f"the report directory {out_dir}", keep=ours):
+        for tmp in _leftovers(out_dir) if ours else []:  # locked: no live report is writing them
+            tmp.unlink(missing_ok=True)
+        yield out_dir
 
 
 def _own_figures(out_dir: Path) -> set[str]:
@@ -669,16 +701,18 @@ def _own_figures(out_dir: Path) -> set[str]:
 
 def claim_out_dir(out, inputs=(), flag: str = "--out") -> Path:
     """`out` if a report may be written there (`outputs.output_dir`: new, empty or an earlier report,
-    never an input), and every PNG / SVG in its figures/ is one the report wrote (the report
-    deletes those as stale); otherwise a one-line UserError."""
+    never an input), and every PNG / SVG in its figures/ is one the package wrote (listed in the
+    manifest or marked as ours: the report deletes those as stale); otherwise a one-line UserError."""
     out = outputs.output_dir(out, flag, inputs=inputs, owned=is_report_dir, what="report")
     fig_dir = out / "figures"
     if fig_dir.exists() and not fig_dir.is_dir():
         raise UserError(f"{fig_dir} is a file where the report puts its figures; move it away or choose another {flag}")
     if fig_dir.is_dir():
         ours = _own_figures(out)
+        leftovers = set(_leftovers(out))  # a killed report's temporary files: removed when it is written again
         for f in sorted(fig_dir.iterdir()):
-            if f.suffix in (".png", ".svg") and f.is_file() and f.name not in ours:
+            if (f.suffix in (".png", ".svg") and f.is_file() and f.name not in ours and f not in leftovers
+                    and not outputs.is_ours(f)):
                 raise UserError(f"{f} is not a figure this report wrote, and a report replaces the figures in "
                                 f"{fig_dir}; move it away or choose another {flag}")
     return out

@@ -14,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..files import atomic_path
+from ..outputs import FIGURE_METADATA
 
 TD_COLOR = "tab:red"
 RANDOM_COLOR = "tab:gray"
@@ -148,7 +149,6 @@ def save(fig: Figure, path) -> Path:
     FigureCanvasAgg(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path, suffix=f".{fmt}") as tmp:
-        # the icrl_interp text chunk marks the PNG as ours, so a later run may replace it (outputs.is_ours)
-        meta = {"Software": None, "icrl_interp": "figure"} if fmt == "png" else {"Date": None, "Creator": None}
-        fig.savefig(tmp, format=fmt, dpi=100, metadata=meta)
+        # the metadata marks the figure as ours, so a later run may replace it (outputs.is_ours)
+        fig.savefig(tmp, format=fmt, dpi=100, metadata=FIGURE_METADATA[fmt])
     return path

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 from jaxtyping import Float
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from .. import registry
-from ..files import atomic_path
+from ..faults import kill_point
 from .batch import Result
+from .causal import save
 from .fields import (control_of, get, is_theta_star, kernel_head, kernel_mins, kernel_of, label_of, last_layer, layer_values,
                      layers_of, max_rel_err, num, readout_curves, representatives)
 
@@ -64,17 +64,11 @@ def _colors(n: int) -> list:
 
 
 def _save(fig: Figure, out_dir: Path, key: str, svg: bool) -> list[str]:
-    """PNG (and SVG) written atomically; returns paths relative to the report directory."""
-    FigureCanvasAgg(fig)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """PNG (and SVG) written atomically, marked as the package's (`causal.save`); returns paths relative
+    to the report directory."""
     files = []
     for ext in ("png", "svg") if svg else ("png",):
-        target = out_dir / f"{key}.{ext}"
-        with atomic_path(target, suffix=f".{ext}") as tmp:
-            # no date/software metadata, so the same inputs give the same bytes
-            meta = {"Software": None} if ext == "png" else {"Date": None, "Creator": None}
-            fig.savefig(tmp, format=ext, dpi=100, metadata=meta)
-        files.append(f"{out_dir.name}/{target.name}")
+        files.append(f"{out_dir.name}/{save(fig, out_dir / f'{key}.{ext}').name}")
     return files
 
 
@@ -659,6 +653,7 @@ def make_figures(results: list[Result], report_dir: Path, svg: bool = False, max
             if fig is None:
                 return
             info.files = _save(fig, fig_dir, info.key, svg)
+            kill_point("report.figure")
         except Exception as e:  # noqa: BLE001 - a figure that cannot be drawn is reported, not fatal
             info.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             if log:

@@ -15,6 +15,10 @@ from typing import ClassVar
 from ..errors import UserError, check
 from .recipe import recipe, training_families
 
+MAX_SEED = 2**63 - 1
+"""The largest seed: torch.Generator.manual_seed takes at most 2**64 - 1, and a checkpoint's seed is
+stored as a signed 64-bit integer (HDF5 attributes of its recordings)."""
+
 
 @dataclass
 class TrainConfig:
@@ -54,6 +58,7 @@ class TrainConfig:
         check(self.family in known, f"unknown training family {self.family!r} (known: {', '.join(known)})")
         for name in ("steps", "lr_decay_every", "checkpoint_every", "log_every", "eval_tasks"):
             check(int(getattr(self, name)) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
+        check(self.seed <= MAX_SEED, f"seed must be at most {MAX_SEED} (2**63 - 1), got {self.seed}")
         check(self.lr > 0, f"lr must be positive, got {self.lr}")
         check(0 < self.lr_decay <= 1, f"lr_decay must lie in (0, 1], got {self.lr_decay}")
         check(self.weight_decay >= 0, f"weight_decay must be non-negative, got {self.weight_decay}")
@@ -107,6 +112,8 @@ def _coerce(name: str, value, kind: str):
             check(isinstance(value, (bool, int)) and value in (0, 1), f"{name} must be true or false, got {value!r}")
             return bool(value)
         if kind == "int":
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value  # exact: float() would round integers beyond 2**53
             check(not isinstance(value, bool) and float(value) == int(float(value)), f"{name} must be an integer, got {value!r}")
             return int(float(value))
         if kind == "float":

@@ -17,8 +17,10 @@ The grid file (docs/cluster.md, "Sweeps"):
 
 Values must have the field's TOML type (an integer field takes integers; a float field integers or
 floats; a string field strings; a boolean field true / false); a field of no table, a repeated
-field, an empty list or an empty grid is refused in one line naming the field. Every point is then
-checked as a config (`TrainConfig.validate`) before anything is trained.
+field, an empty list or an empty grid is refused in one line naming the field, and so is a number
+that is not finite (`inf`, `nan`) or a seed outside 0..2**63-1 (what the random generators take). A grid
+of more than `MAX_RUNS` runs is refused with its size before anything else is done (before torch is
+imported). Every point is then checked as a config (`TrainConfig.validate`) before anything is trained.
 
 Run directory names (`SweepPoint.name`) are the swept values, the seed and a short hash of the whole
 config except `steps`: a changed base field makes new directories (the trainer refuses to continue a
@@ -36,17 +38,25 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import re
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError, check, one_line
-from .config import TrainConfig, config_for
+from ..files import is_lock_file, locked, temporaries
+from .config import MAX_SEED, TrainConfig, config_for
 from .recipe import recipe, training_families
 
 SWEEP_SCHEMA = "icrl_interp.sweep/1"
 """`schema` of OUT/sweep.json (the plan of a sweep, written before any training)."""
+SWEEP_LOCK = ".icrl_interp-sweep.lock"
+"""The file a sweep creates first in its directory and holds locked while it runs (`writing_sweep`):
+it marks the directory as a sweep's even before sweep.json exists, and keeps two sweeps from writing
+one directory at once. It stays."""
 TABLES = ("base", "grid", "report")
 KEYS = ("family", "seeds", *TABLES)
 """Top-level keys of a grid file."""
@@ -57,6 +67,9 @@ REPORT_FIELDS = ("title", "max_recordings", "svg", "embed", "control_mdps", "con
 scheduler decides that)."""
 REPORT_TYPES = {"title": "str", "max_recordings": "int", "svg": "bool", "embed": "bool", "control_mdps": "int",
                 "control_steps": "int", "use_cache": "bool", "live_tasks": "int"}
+MAX_RUNS = 10_000
+"""The most runs one sweep plans: checking and naming a point takes ~0.5 ms, its entry in sweep.json
+~0.5 KiB and its report rows as many as its checkpoints; a larger study is several sweeps."""
 
 
 @dataclass
@@ -107,7 +120,30 @@ def _check_value(where: str, value, kind: str):
           "str": isinstance(value, str)}.get(base, isinstance(value, (int, float, str, bool)))
     want = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}.get(base, "a value")
     check(ok, f"{where}: expected {want}, got {_type_name(value)} {value!r}")
-    return float(value) if base == "float" else value
+    if base == "float":
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the floats
+            number = math.inf
+        check(math.isfinite(number), f"{where}: expected a finite number, got {value!r}")
+        return number
+    return value
+
+
+def _check_count(seeds: list, grid, base) -> None:
+    """Refuse a grid of more than MAX_RUNS runs with its size and training steps (where the file sets
+    them), counted from the lengths of its lists alone: nothing is expanded, no family is imported."""
+    grid, base = (t if isinstance(t, dict) else {} for t in (grid, base))
+    sizes = [len(v) if isinstance(v, list) else 1 for v in grid.values()]
+    runs = math.prod(sizes) * len(seeds)
+    if runs <= MAX_RUNS:
+        return
+    steps = grid.get("steps", [base.get("steps")])
+    per_run = [v for v in steps if isinstance(v, int) and not isinstance(v, bool)] if isinstance(steps, list) else []
+    steps_note = f", ~{runs * sum(per_run) / len(per_run):.3g} training steps" if per_run else ""
+    shown = " x ".join(str(n) for n in sizes)
+    raise UserError(f"grid: {shown} values x {len(seeds)} seed{'s' * (len(seeds) != 1)} = {runs:,} runs"
+                    f"{steps_note}; a sweep runs at most {MAX_RUNS}: split it into smaller sweeps")
 
 
 def _fields(family: str) -> dict[str, str]:
@@ -142,8 +178,10 @@ def parse_sweep(data: dict) -> Sweep:
     for i, s in enumerate(seeds):
         check(isinstance(s, int) and not isinstance(s, bool) and s >= 0,
               f"seeds[{i}]: expected a non-negative integer, got {_type_name(s)} {s!r}")
+        check(s <= MAX_SEED, f"seeds[{i}]: {s} is larger than the largest seed, {MAX_SEED} (2**63 - 1)")
     check(len(set(seeds)) == len(seeds), f"seeds: {seeds} repeats a seed")
-    types = _fields(family)
+    _check_count(seeds, data.get("grid"), data.get("base"))
+    types = _fields(family)  # imports the family's torch half
     base = {k: _check_value(f"base.{k}", v, _known(f"base.{k}", k, types, family)) for k, v in _table(data, "base").items()}
     grid: dict[str, list] = {}
     for k, values in _table(data, "grid").items():
@@ -246,8 +284,24 @@ def plan(sweep: Sweep, runs_dir: Path) -> dict:
 
 
 def is_sweep_dir(path) -> bool:
-    """A directory holding a sweep's own sweep.json."""
+    """A directory holding a sweep's own sweep.json, or the lock file a sweep creates first
+    (`SWEEP_LOCK`: a sweep killed before its sweep.json was written)."""
+    if is_lock_file(Path(path) / SWEEP_LOCK):
+        return True
     try:
         return json.loads((Path(path) / "sweep.json").read_text()).get("schema") == SWEEP_SCHEMA
     except (OSError, ValueError, AttributeError, RecursionError):
         return False
+
+
+@contextmanager
+def writing_sweep(out) -> Iterator[Path]:
+    """Hold the sweep directory `out` (made if missing) while a sweep writes there: its lock file first,
+    then the temporary sweep.json a killed sweep left removed. Another sweep writing there is a
+    one-line UserError."""
+    out = Path(out)
+    out.mkdir(exist_ok=True)
+    with locked(out / SWEEP_LOCK, f"the sweep directory {out}", keep=True):
+        for tmp in temporaries(out, "sweep.json"):  # locked: no live sweep is writing it
+            tmp.unlink(missing_ok=True)
+        yield out

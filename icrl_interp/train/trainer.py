@@ -31,6 +31,7 @@ import torch
 
 from .. import devices
 from ..errors import UserError, check, one_line
+from ..faults import kill_point
 from ..files import atomic_dir, write_atomic
 from ..resources import SNAPSHOTS
 from .config import TrainConfig, config_from_dict
@@ -267,6 +268,8 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
                     bar.set_postfix(loss=f"{value:.3e}")
                 if done % cfg.checkpoint_every == 0 or done == cfg.steps:
                     save_checkpoint(run_dir, model, opt, cfg, done, rid)
+                    if done < cfg.steps:
+                        kill_point("train.checkpoint")
         final = {}
         if device.type != "cpu":
             model.to("cpu")  # the evaluation, and what the caller gets, run on the CPU

@@ -16,7 +16,7 @@ def test_state_values_and_value_errors_known_answers():
     v_pos = np.array([[1.0, 3.0, 2.0, 5.0]])
     states = np.array([[0, 0, 1, -1]])  # the last column has no label
     v = C.state_values(v_pos, states, 3)
-    np.testing.assert_array_equal(v, [[2.0, 2.0, np.nan]])
+    np.testing.assert_array_equal(v, [[2.0, 2.0, np.nan]])  # exact here and below: small dyadic numbers
     v_true = np.array([[1.0, 2.5, 7.0]])
     mu = np.array([[0.6, 0.2, 0.2]])
     inf, rms = C.value_errors(v, v_true, mu)

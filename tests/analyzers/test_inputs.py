@@ -111,6 +111,7 @@ def test_chunked_reading_with_read_ahead_returns_the_file_contents(tmp_path, mon
         for start, stop, data in inputs.iter_chunks(rec, paths, rows=16):
             assert stop - start == min(16, 70 - start)
             assert len(trims) == start // 16  # the heap is trimmed once after each chunk
+            # exact: both read the same stored numbers
             np.testing.assert_array_equal(data[paths[0]], rec.read("blocks.0.attn.hook_pattern", start, stop))
             assert data[paths[0]].dtype == np.float32  # bfloat16 decoded
             np.testing.assert_array_equal(data["prompts/z"], rec.array("prompts/z", start, stop))

@@ -23,6 +23,7 @@ def test_identity_attention_has_diagonality_one():
     states = np.tile(np.arange(pos) % S, (B, 1))
     pat = np.broadcast_to(np.eye(pos), (B, 1, pos, pos)).copy()
     M, counts = K.state_kernel(pat, states, states, S)
+    # exact: sums of 0s and 1s and means of 1s
     np.testing.assert_array_equal(M[:, 0], np.broadcast_to(np.eye(S), (B, S, S)))
     acc = K.DiagonalityAccumulator(0.9, S)
     acc.update(M[:, 0])
@@ -46,7 +47,7 @@ def test_uniform_attention_has_diagonality_one_over_states():
     res = acc.result()
     assert res["mean"] == pytest.approx(1 / S) and res["min"] == pytest.approx(1 / S)
     assert res["margin"] == pytest.approx(1 / S - 0.75)
-    assert res["frac_tasks_contracting"] == 0.0
+    assert res["frac_tasks_contracting"] == 0.0  # a share of counts: exact
 
 
 def test_state_kernel_matches_its_definition_on_random_patterns(rng):
@@ -122,7 +123,7 @@ def test_label_free_masses(rng):
     np.testing.assert_allclose(same, want, atol=1e-13)
     eye = np.broadcast_to(np.eye(pos), (B, 1, pos, pos))
     q = np.arange(pos)
-    np.testing.assert_array_equal(K.self_mass(eye, q, q), 1.0)
+    np.testing.assert_array_equal(K.self_mass(eye, q, q), 1.0)  # exact: sums of 0s and 1s
     # only the query rows recorded: positions 3..9 as targets
     np.testing.assert_allclose(K.self_mass(pat[:, :, 3:], q[3:], q), pat[:, 0, np.arange(3, pos), np.arange(3, pos)].mean(-1))
 

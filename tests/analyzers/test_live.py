@@ -21,7 +21,8 @@ VARYING = ("source", "kind", "live")
 
 
 def same(a: dict, b: dict) -> bool:
-    """Equal analyses, up to the fields that name the input."""
+    """Equal analyses, up to the fields that name the input (exact: the same forward passes on the same
+    batches, analyzed in the same chunks)."""
     strip = lambda d: json.dumps({k: v for k, v in d.items() if k not in VARYING}, sort_keys=True)  # noqa: E731
     return strip(a) == strip(b)
 
@@ -94,7 +95,7 @@ def test_record_also_analyze_writes_the_recording_and_its_analysis(tmp_path):
         names: list = []
         f.visit(names.append)
         data = [n for n in names if isinstance(f[n], h5py.Dataset)]
-        assert data and all(np.array_equal(f[n][()], g[n][()]) for n in data)
+        assert data and all(np.array_equal(f[n][()], g[n][()]) for n in data)  # exact: the same run again
         assert {k for k in f.attrs if k != "created"} == {k for k in g.attrs if k != "created"}
     assert same(json.loads((tmp_path / "a.json").read_text()), analyze(tmp_path / "plain.h5"))
     assert cli.main(["analyze", str(ck), "--live", "--tasks", "40", "--batch-size", "16", "--prompt-seed", "2",

@@ -197,7 +197,7 @@ def test_analysis_json_has_null_where_a_metric_is_undefined(tmp_path):
     m = r["weights"]["manifold"]
     assert m["gauge_cosine"] is None and m["value_row_cosine"] is None
     assert m["per_layer"][0]["value_row_cosine"] is None and m["per_layer"][0]["value_row"] == [0.0, 0.0, 0.0]
-    assert m["scale"] == 8.0 and m["rel_err"]["A"] == 0.0
+    assert m["scale"] == 8.0 and m["rel_err"]["A"] == 0.0  # exact: sums of 8s and 1s, and 8 * 1 - 8
     assert r["weights"]["sign_pattern"] == "0,0,0"
 
 
@@ -211,7 +211,7 @@ def test_pq_summary_known_answer():
     Q = np.arange(D_model * D_model, dtype=np.float64).reshape(D_model, D_model)
     res = weights.pq_summary(P, Q, lay)
     others = sum(abs(P[i, j]) for i in range(D_model) for j in range(D_model) if (i, j) != (D_model - 1, D_model - 1))
-    assert res["sign"] == -1.0 and res["P_last"] == 7.0
+    assert res["sign"] == -1.0 and res["P_last"] == 7.0  # exact here and for the traces: small integers
     assert res["P_others_mean_abs"] == pytest.approx(others / 24, abs=1e-14)  # 24 other entries of a 5 x 5 P
     assert res["P_others_mean_abs"] == pytest.approx(146.0 / 24, abs=1e-14)
     assert res["Q_tl_trace"] == -(Q[0, 0] + Q[1, 1]) == -6.0  # phi rows/cols 0..1

@@ -122,7 +122,7 @@ def test_logit_lens_has_the_known_error_and_the_reference_curve(foreign):
     assert lens["random_init_output_value_error"] == pytest.approx(t["baseline_output"].mean(), rel=1e-12)
     conv = lens["convergence"]
     assert conv["first"] == pytest.approx(0.1) and conv["last"] == pytest.approx(0.4)
-    assert conv["decreasing"] == 0.0 and conv["rate"] > 1  # the lens's error grows with depth here
+    assert conv["decreasing"] == 0.0 and conv["rate"] > 1  # the lens's error grows with depth here (a count: exact)
     assert conv["reference_rate"] < 1  # batch TD's does not
     assert lens["random_init_convergence"]["rate"] == pytest.approx(1.0)
 
@@ -197,7 +197,8 @@ def test_parameters_task_compares_with_the_teacher_and_the_prompt_parameters(tmp
     lens = ro["lenses"]["tuned-linear"]
     held = readout.held_out(np.arange(64), 0, 0.25)
     assert lens["output_value_error"] == pytest.approx(np.linalg.norm(out - teacher, axis=-1)[held].mean(), rel=1e-12)
-    # the reference before its update (the prompt's parameters), and after it (the teacher: 0)
+    # the reference before its update (the prompt's parameters), and after it (the teacher: 0, exact: its
+    # step reads the same reference/output dataset as the target)
     assert lens["reference_value_error"][0] == pytest.approx(np.linalg.norm(w0 - teacher, axis=-1)[held].mean(), rel=1e-9)
     assert lens["reference_value_error"][1] == 0.0
     assert lens["layers"][0]["reference_value_error"] == 0.0 and lens["layers"][1]["reference_value_error"] is None
@@ -324,12 +325,14 @@ def test_per_task_collector_groups_and_stops_at_its_limit():
     p = PerTask(("e",), 3)
     p.update(np.array([5, 1, 5]), e=np.array([1.0, 2.0, 3.0]))
     p.update(np.array([1, 9]), e=np.array([4.0, np.nan]))
+    # exact: means of two small integers
     assert p.result() == {"task_id": [1, 5, 9], "n_prompts": [2, 2, 1], "e": [3.0, 2.0, None]}
     p.update(np.array([2]), e=np.array([0.0]))
     assert p.result() is None
 
 
 def test_depth_summary_known_answers():
+    # exact where compared with ==: ratios of powers of 2, shares of counts and copied inputs
     s = convergence.depth_summary([0, 1, 2], [1.0, 0.5, 0.25], [2.0, 1.0, 0.5])
     assert s["rate"] == pytest.approx(0.5) and s["ratio"] == 0.25 and s["decreasing"] == 1.0
     assert s["reference_rate"] == pytest.approx(0.5) and s["last_over_reference"] == 0.5

@@ -90,7 +90,7 @@ def test_untrained_model_has_zero_selectivity_and_a_later_td_error_is_clearly_se
         assert abs(p["selectivity"]) < 0.01
         lo, hi = p["selectivity_ci"]
         assert lo - 1e-3 <= 0.0 <= hi + 1e-3 and hi - lo < 0.05
-        assert layer["td_probe_selectivity"] == p["selectivity"] and layer["td_probe_selectivity_ci"] == [lo, hi]
+        assert layer["td_probe_selectivity"] == p["selectivity"] and layer["td_probe_selectivity_ci"] == [lo, hi]  # copies
     for l, p in enumerate(probes(trained)):
         assert p["r2"] > 0.999 and p["target"] == f"td_error_{l + 1}"
         assert p["selectivity"] == pytest.approx(p["r2"] - max(p["r2_input"], p["r2_random_init"], p["r2_shuffled"]))
@@ -187,7 +187,7 @@ def test_json_fields_and_the_bounded_per_task_table(pair, tmp_path):
     p = layer["td_probe"][layer["td_probe_hook"]]
     assert {"r2", "r2_input", "r2_random_init", "r2_shuffled", "selectivity", "selectivity_ci", "max_baseline",
             "baselines", "n_test_tasks", "per_task", "targets", "target", "target_iteration"} <= set(p)
-    assert layer["td_probe_r2"] == p["r2"] and layer["td_probe_selectivity"] == p["selectivity"]
+    assert layer["td_probe_r2"] == p["r2"] and layer["td_probe_selectivity"] == p["selectivity"]  # copies
     table = p["per_task"]
     assert len(table["task_id"]) == p["n_test_tasks"] == len(table["sse"]) == len(table["sst"]) == len(table["r2"])
     assert table["task_id"] == sorted(table["task_id"]) and sum(table["n_samples"]) == p["n_test"]
@@ -208,7 +208,7 @@ def test_bootstrap_helpers_known_answers(rng):
     lo, hi = T.percentile_interval(rng.standard_normal((20000, 1)))[:, 0]
     assert lo == pytest.approx(-1.96, abs=0.06) and hi == pytest.approx(1.96, abs=0.06)
     base = np.array([[0.2, np.nan, np.nan], [0.5, 0.1, np.nan]])
-    np.testing.assert_array_equal(T.max_baseline(base), [0.5, 0.1, np.nan])
+    np.testing.assert_array_equal(T.max_baseline(base), [0.5, 0.1, np.nan])  # exact: maxima of the inputs
     y = rng.standard_normal(30)
     assert T.r2_of_sums(np.sum((y - 0.3 * y) ** 2), 30, y.sum(), (y * y).sum()) == pytest.approx(
         1 - np.sum((0.7 * y) ** 2) / np.sum((y - y.mean()) ** 2))

@@ -128,6 +128,15 @@ def sweep_grid(grid: str, base: str = SWEEP_BASE):
 
 
 GOOD_GRID = sweep_grid("[grid]\nlr = [0.01, 0.02]\n")
+HUGE_GRID = sweep_grid("[grid]\n" + "".join(f"{k} = {list(range(1, 1001))}\n" for k in ("lr", "n_layers", "init_gain", "eval_tasks")))
+"""1000^4 points: refused by its size alone (tests/train/test_sweep.py: before torch is imported)."""
+
+
+def sweep_with_user_report(t: Path) -> None:
+    """A sweep directory of ours whose report/ holds the user's file."""
+    GOOD_GRID(t)
+    thesis(t, "sw/report")
+    (t / "sw" / "sweep.json").write_text(json.dumps({"schema": "icrl_interp.sweep/1"}))
 
 
 RUN: Path = Path()  # a finished tiny run, made once by the `tiny_run` fixture
@@ -197,6 +206,7 @@ ROWS = [
     ("demo-workers-zero", ["demo", "--out", "{t}/demo", "--workers", "0"], None, "--workers must be a positive integer"),
     ("demo-prompts-zero", ["demo", "--out", "{t}/demo", "--prompts", "0"], None, "--prompts must be a positive integer"),
     ("analyze-head-out-of-range", ["analyze", "{t}/ck", "--head", "99"], ck, "1 attention head"),
+    ("analyze-head-one-of-one", ["analyze", "{t}/ck", "--head", "1"], ck, "--head 1 does not exist"),  # heads count from 0
     ("analyze-head-negative", ["analyze", "{t}/ck", "--head", "-1"], ck, "--head must be a non-negative"),
     ("train-refused-leaves-no-run", ["train", "sarsa", "--out", "{t}/run", "--n-states", "100000"], None,
      "--n-states 100000 needs ~"),
@@ -343,7 +353,225 @@ ROWS = [
     ("sweep-into-user-dir", ["sweep", "{t}/g.toml", "--out", "{t}/mine"], lambda t: (GOOD_GRID(t), thesis(t)),
      "holds files that are not a sweep directory"),
     ("sweep-out-is-the-grid", ["sweep", "{t}/g.toml", "--out", "{t}/g.toml"], GOOD_GRID, "is an input of this command"),
+    ("sweep-lr-inf", ["sweep", "{t}/g.toml", "--out", "{t}/sw"], sweep_grid("[grid]\nlr = [0.01, inf]\n"),
+     "grid.lr[1]: expected a finite number, got inf"),
+    ("sweep-base-nan", ["sweep", "{t}/g.toml", "--out", "{t}/sw"], sweep_grid("[grid]\nn_layers = [1]\n", SWEEP_BASE + "lr = nan\n"),
+     "base.lr: expected a finite number, got nan"),
+    ("sweep-seed-too-large", ["sweep", "{t}/g.toml", "--out", "{t}/sw"],
+     sweep_grid("[grid]\nlr = [0.01]\n", SWEEP_BASE.replace("[base]", "seeds = [99999999999999999999]\n[base]")),
+     "seeds[0]: 99999999999999999999 is larger than the largest seed, 9223372036854775807"),
+    ("sweep-1000^4-points", ["sweep", "{t}/g.toml", "--out", "{t}/sw"], HUGE_GRID,
+     "grid: 1000 x 1000 x 1000 x 1000 values x 1 seed = 1,000,000,000,000 runs, ~2e+12 training steps; a sweep runs "
+     "at most 10000"),
+    ("sweep-steps-beyond-the-disk", ["sweep", "{t}/g.toml", "--out", "{t}/sw"],
+     sweep_grid("[grid]\nlr = [0.01]\n", SWEEP_BASE.replace("steps = 2", f"steps = {10**15}")),
+     "of checkpoints and metrics; the disk of"),
+    ("sweep-report-of-the-user", ["sweep", "{t}/g.toml", "--out", "{t}/sw"], sweep_with_user_report,
+     "report holds files that are not a report icrl-interp wrote"),
 ]
+# --- options a command would ignore, damaged inputs, reports that would leave an empty --out (issue 23, 5)
+REC: Path = Path()  # a complete tiny recording (linear-td theta*, d 2, n 6, 12 prompts), made once by `tiny_rec`
+USER_NET = f"{Path(__file__).resolve().parents[1] / 'helpers.py'}:Net"  # a plain torch model: no TL hooks
+
+
+def recording(t: Path) -> None:
+    shutil.copy(REC, t / "r.h5")
+
+
+def damaged(edit):
+    """A setup writing {t}/r.h5: the tiny recording with `edit(h5py.File)` applied (its damage)."""
+    def setup(t: Path) -> None:
+        import h5py
+
+        recording(t)
+        with h5py.File(t / "r.h5", "r+") as f:
+            edit(f)
+    return setup
+
+
+def _wide(f) -> None:
+    import numpy as np
+
+    z = f["prompts/z"][:]
+    del f["prompts/z"]
+    f["prompts/z"] = np.concatenate([z, z], -1)
+
+
+def truncated(t: Path) -> None:
+    (t / "r.h5").write_bytes(REC.read_bytes()[:50_000])
+
+
+def pickled(t: Path) -> None:
+    import pickle  # the input under test: a pickle the report must refuse, never load
+
+    (t / "model.pkl").write_bytes(pickle.dumps({"weights": [1.0, 2.0]}))
+
+
+ROWS += [
+    ("analyze-tasks-without-live", ["analyze", "{t}/ck", "--tasks", "8"], ck, "--tasks: an option of --live"),
+    ("analyze-live-options-without-live", ["analyze", "{t}/r.h5", "--batch-size", "4", "--prompt-seed", "1",
+                                           "--device", "cuda"], recording,
+     "--batch-size, --prompt-seed, --device: options of --live"),
+    ("analyze-recording-without-z", ["analyze", "{t}/r.h5"], damaged(lambda f: f.__delitem__("prompts/z")),
+     "damaged recording: no /prompts/z"),
+    ("analyze-recording-unknown-family", ["analyze", "{t}/r.h5"],
+     damaged(lambda f: f.attrs.__setitem__("task_family", "nope")), "task family 'nope' is not a registered family"),
+    ("analyze-recording-z-wrong-width", ["analyze", "{t}/r.h5"], damaged(_wide),
+     "damaged recording: its prompts have width 10 but its layout has d_model 5"),
+    ("analyze-recording-junk-config", ["analyze", "{t}/r.h5"],
+     damaged(lambda f: f.attrs.__setitem__("checkpoint_config", '{"junk": 1}')), "unreadable checkpoint_config"),
+    ("verdict-recording-tasks", ["verdict", "{t}/r.h5", "--tasks", "16"], recording,
+     "--tasks: not used on a recording"),
+    ("verdict-recording-model-and-task", ["verdict", "{t}/r.h5", "--model", USER_NET, "--task", "linear-td", "--d", "4"],
+     recording, "r.h5 brings its own task"),
+    ("verdict-recording-causal-options-without-model", ["verdict", "{t}/r.h5", "--causal-draws", "4", "--probe",
+                                                        "{t}/p.toml"], recording,
+     "--probe, --causal-draws: not used without the model"),
+    ("verdict-model-not-editable", ["verdict", "{t}/r.h5", "--model", USER_NET, "--bootstrap", "10"], recording,
+     "cannot edit the model for the causal evidence: Net is not a TransformerLens model"),
+    ("report-truncated-recording", ["report", "{t}/r.h5", "--out", "{t}/rep"], truncated, "truncated HDF5 file"),
+    ("report-pickled-input", ["report", "{t}/model.pkl", "--out", "{t}/rep"], pickled,
+     "neither a checkpoint directory, an HDF5 recording nor a .safetensors file"),
+    ("report-unreachable-scheduler", ["report", "{t}/ck", "--out", "{t}/rep", "--scheduler", "tcp://127.0.0.1:1"], ck,
+     "cannot reach a Dask scheduler"),
+    ("report-unresolvable-scheduler", ["report", "{t}/ck", "--out", "{t}/rep", "--scheduler",
+                                       "tcp://no-such-host.invalid:8786"], ck, "cannot reach a Dask scheduler"),
+]
+# --- bad models: one line naming what the model did, nothing left behind (issue 23, 3)
+BAD_MODELS = '''
+import sys
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    """linear-td prompts (d 4: width 9) -> [batch, 1]; from its forward call `at` on, it misbehaves (`fail`)."""
+
+    def __init__(self, fail=None, at=1):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(9, 16), nn.Linear(16, 1)
+        self.fail, self.at, self.calls = fail, at, 0
+
+    def forward(self, z):
+        self.calls += 1
+        y = self.b(torch.relu(self.a(z)))[:, -1]
+        if self.fail is None or self.calls < self.at:
+            return y
+        if self.fail == "exit":
+            sys.exit(0)
+        if self.fail == "raise":
+            raise ValueError("boom")
+        return {"nan": torch.full_like(y, float("nan")), "inf": torch.full_like(y, float("inf")), "tuple": (y, y)}[self.fail]
+
+
+def good(): return Net()
+def nan(): return Net("nan")
+def inf(): return Net("inf")
+def pair(): return Net("tuple")
+def leaves(): return Net("exit")
+def raises(): return Net("raise")
+def late_nan(): return Net("nan", at=3)
+def quits(): sys.exit(5)
+def nan_weights():
+    net = Net()
+    with torch.no_grad():
+        net.a.weight.fill_(float("nan"))
+    return net
+'''
+
+
+def bad_models(t: Path) -> None:
+    """{t}/bad.py (the models above), {t}/exits.py (sys.exit(3) on import), {t}/roles.toml (their probe spec)
+    and {t}/nan.safetensors (weights of `good`'s shapes, all NaN)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    (t / "bad.py").write_text(BAD_MODELS)
+    (t / "exits.py").write_text("import sys\nsys.exit(3)\n\ndef good():\n    pass\n")
+    (t / "roles.toml").write_text('[roles]\nresid_post = ["a"]\n')
+    shapes = {"a.weight": (16, 9), "a.bias": (16,), "b.weight": (1, 16), "b.bias": (1,)}
+    save_file({k: np.full(s, np.nan, dtype=np.float32) for k, s in shapes.items()}, str(t / "nan.safetensors"))
+
+
+def user_model(command: str, func: str, *extra: str, file: str = "bad.py") -> list[str]:
+    """argv running {t}/FILE:FUNC on 16 linear-td prompts (d 4, n 8) in batches of 4 (`extra` last: it wins)."""
+    out = {"record": ["--out", "{t}/r.h5", "--quiet"], "causal": ["--layer", "0"]}.get(command, [])
+    return [command, *(["--live"] if command == "analyze" else []), "--model", f"{{t}}/{file}:{func}", "--task",
+            "linear-td", "--d", "4", "--n", "8", "--probe", "{t}/roles.toml", *out,
+            *(["--tasks", "16", "--batch-size", "4"] if command != "verdict" else []), *extra]
+
+
+def long_prompt(t: Path) -> None:
+    """The softmax-td checkpoint (6 layers) and one prompt of 20,000 positions: its attention patterns alone,
+    recorded for the model and its random-init copy, are 2 x 6 x 20000^2 float32 = 19 GB."""
+    import numpy as np
+
+    shutil.copytree(SHIPPED / "softmax-td", t / "sm")
+    np.savez(t / "long.npz", z=np.zeros((1, 20_000, 8)))
+
+
+ROWS += [
+    ("record-model-nan-output", user_model("record", "nan"), bad_models,
+     "non-finite output: the model's output holds NaN in batch 1 of 4 (prompts 0..3)"),
+    ("record-model-inf-output", user_model("record", "inf"), bad_models,
+     "non-finite output: the model's output holds Inf in batch 1 of 4"),
+    ("record-model-nan-in-a-later-batch", user_model("record", "late_nan"), bad_models,
+     "the model's output holds NaN in batch 3 of 4 (prompts 8..11)"),
+    ("record-model-tuple-output", user_model("record", "pair"), bad_models,
+     "the model's output is a tuple of 2, not a tensor: return the prediction as one tensor [batch, k]"),
+    ("record-model-nan-weights-file", user_model("record", "good", "--weights", "{t}/nan.safetensors"), bad_models,
+     "nan.safetensors: parameter a.weight is not finite (144 of 144 values NaN or Inf)"),
+    ("record-model-nan-parameters", user_model("record", "nan_weights"), bad_models,
+     "bad.py:nan_weights': parameter a.weight is not finite (144 of 144 values NaN or Inf)"),
+    ("record-model-exits-in-forward", user_model("record", "leaves"), bad_models,
+     "the model called sys.exit(0) during its forward pass"),
+    ("record-model-file-exits-on-import", user_model("record", "good", file="exits.py"), bad_models,
+     "exits.py exited with status 3 on import"),
+    ("record-model-func-exits", user_model("record", "quits"), bad_models, "bad.py:quits': quits() exited with status 5"),
+    ("record-model-raises", user_model("record", "raises"), bad_models,
+     "the model raised ValueError: boom (its input: prompts z of shape (4, 9, 9), float32)"),
+    ("record-also-analyze-model-nan-later", user_model("record", "late_nan", "--also-analyze"), bad_models,
+     "holds NaN in batch 3 of 4"),
+    ("record-shards-model-nan-later", user_model("record", "late_nan", "--shards", "2", "--tasks", "32"), bad_models,
+     "holds NaN in batch"),  # each shard's third batch
+    ("analyze-live-model-nan-later", user_model("analyze", "late_nan"), bad_models,  # the run fails, not each analyzer
+     "icrl-interp analyze: error: non-finite output: the model's output holds NaN in batch 3 of 4"),
+    ("analyze-live-model-exits", user_model("analyze", "leaves"), bad_models, "the model called sys.exit(0)"),
+    ("causal-model-raises", user_model("causal", "raises"), bad_models, "the model raised ValueError: boom"),
+    ("causal-model-nan-later", user_model("causal", "late_nan"), bad_models, "holds NaN in batch 3 of 4"),
+    ("verdict-model-raises", user_model("verdict", "raises"), bad_models, "the model raised ValueError: boom"),
+    ("verdict-model-file-exits-on-import", user_model("verdict", "good", file="exits.py"), bad_models,
+     "exits.py exited with status 3 on import"),
+]
+# --- absurd sizes: refused before torch is imported (issue 23, 4; BEFORE_TORCH below)
+ROWS += [
+    ("record-tasks-float", ["record", "{t}/ck", "--out", "{t}/r.h5", "--tasks", "1e12"], ck,
+     "argument --tasks: invalid int value: '1e12'"),
+    ("record-tasks-absurd", ["record", "{t}/ck", "--out", "{t}/r.h5", "--tasks", BIG], ck,
+     f"--tasks {BIG} would write ~"),
+    ("record-model-tasks-absurd", user_model("record", "good", "--tasks", BIG), bad_models,
+     f"--tasks {BIG} would write ~"),
+    ("analyze-live-tasks-absurd", ["analyze", "{t}/ck", "--live", "--tasks", BIG], ck,
+     f"--tasks {BIG} would take ~"),
+    ("analyze-live-model-tasks-absurd", user_model("analyze", "good", "--tasks", BIG), bad_models,
+     f"--tasks {BIG} would take ~"),
+    ("construct-layers-untied-absurd", ["construct", "linear-td", "--out", "{t}/ck", "--layers", str(10**8),
+                                        "--untied"], None, f"--layers {10**8} needs ~"),
+    ("record-prompts-long", ["record", "{t}/sm", "--prompts", "{t}/long.npz", "--out", "{t}/r.h5"], long_prompt,
+     "a prompt length (--prompts) of 20000 needs ~20.9 GiB of memory for one batch of the model and its "
+     "random-init copy (prompts, task data, activations, attention patterns); this machine has 16 GiB: at most a "
+     "prompt length (--prompts) of 17506 fits"),
+    ("analyze-recording-progress-absurd", ["analyze", "{t}/r.h5"], damaged(lambda f: f["progress"].__setitem__(0, 10**9)),
+     "corrupt recording (/progress says 1000000000 prompts, its n_prompts attribute 12)"),
+    ("analyze-recording-progress-and-attribute-absurd", ["analyze", "{t}/r.h5"],
+     damaged(lambda f: (f["progress"].__setitem__(0, 10**9), f.attrs.__setitem__("n_prompts", 10**9))),
+     "/progress says 1000000000 prompts, but acts/blocks.0.attn.hook_pattern holds 12 rows"),
+]
+BEFORE_TORCH = {"record-tasks-absurd", "record-model-tasks-absurd", "analyze-live-tasks-absurd",
+                "analyze-live-model-tasks-absurd", "construct-layers-untied-absurd", "record-prompts-long",
+                "analyze-recording-progress-absurd", "analyze-recording-progress-and-attribute-absurd"}
+"""Size refusals: they come before torch is imported, so they cost no start-up (`test_..._before_torch`)."""
 SUBPROCESS = {"construct-scale-inf"}
 """Rows run as a subprocess: their point is everything that reaches the terminal (a numpy warning too)."""
 
@@ -376,9 +604,20 @@ def sixteen_gib(monkeypatch):
     monkeypatch.setattr(outputs, "memory_bytes", lambda: 16 * 2**30)
 
 
+@pytest.fixture(scope="module")
+def tiny_rec(tmp_path_factory):
+    """A complete tiny recording of a linear-td theta* (the damaged-recording rows copy and edit it)."""
+    global REC
+    t = tmp_path_factory.mktemp("tiny-rec")
+    assert cli.main(["construct", "linear-td", "--out", str(t / "ck"), "--d", "2", "--n", "6", "--layers", "2"]) == 0
+    REC = t / "r.h5"
+    assert cli.main(["record", str(t / "ck"), "--out", str(REC), "--tasks", "12", "--batch-size", "6", "--quiet"]) == 0
+    return REC
+
+
 @pytest.mark.parametrize("name, argv, setup, fragment", ROWS, ids=[r[0] for r in ROWS])
 def test_bad_input_is_one_line_exit_2_and_changes_nothing(name, argv, setup, fragment, tmp_path, monkeypatch,
-                                                          capfd, tiny_run):
+                                                          capfd, tiny_run, tiny_rec):
     if NOT_WRITABLE.as_posix() in " ".join(argv) and not NOT_WRITABLE.is_dir():
         pytest.skip(f"no {NOT_WRITABLE} on this platform")
     t = tmp_path / "t"
@@ -400,6 +639,31 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(name, argv, setup, fra
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("icrl-interp ") and fragment in lines[0], lines[0]
     assert snapshot(t) == before
+
+
+NO_TORCH = """import sys
+from icrl_interp import cli, outputs
+outputs.memory_bytes = lambda: 16 * 2**30  # as the table's rows: the same refusal on every machine
+code = cli.main(sys.argv[1:])
+print("torch imported" if "torch" in sys.modules else "no torch")
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("name", sorted(BEFORE_TORCH))
+def test_size_refusals_come_before_torch_is_imported(name, tmp_path, tiny_rec):
+    """A size refusal costs no start-up: in a fresh process, the command refuses (one line, exit 2) and
+    torch was never imported (what makes it come within seconds; no timing in the test)."""
+    _, argv, setup, fragment = next(r for r in ROWS if r[0] == name)
+    t = tmp_path / "t"
+    t.mkdir()
+    if setup is not None:
+        setup(t)
+    argv = [a.replace("{t}", str(t)) for a in argv]
+    proc = subprocess.run([sys.executable, "-c", NO_TORCH, *argv], capture_output=True, text=True, timeout=120, cwd=t)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and fragment in proc.stderr, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "no torch"
 
 
 # ------------------------------------------------------------------ what the rule still allows

@@ -33,7 +33,7 @@ def test_construct_writes_theta_star(argv, family, kw, tmp_path, capsys):
     expected = theta_star_model(family, **kw).arrays()
     assert sorted(tensors) == sorted(expected)
     for name in expected:
-        np.testing.assert_array_equal(tensors[name], expected[name])
+        np.testing.assert_array_equal(tensors[name], expected[name])  # exact: theta*, written entry by entry
     assert config.origin["kind"] == "theta_star" and config.family == family == config.task.family
     assert config.task.kind == ("mdp" if family == "sarsa" else "boyan")
     assert config.sample(2, 0).prompt.z.shape[1:] == (config.task.n + 1, config.model.D)  # the task samples

@@ -21,7 +21,7 @@ def test_teacher_is_the_reference_step_and_theta_star_mimics_it():
     d = 6
     want = actor_critic.reference_step(b.z.numpy(), d, d, cfg.gamma, cfg.alpha, cfg.beta)
     np.testing.assert_allclose(b.target.numpy(), want["output"], atol=1e-12)
-    np.testing.assert_array_equal(b.w.numpy(), np.concatenate([want["w"], want["lam"]], -1))
+    np.testing.assert_array_equal(b.w.numpy(), np.concatenate([want["w"], want["lam"]], -1))  # exact: copies
     for c in (1.0, -0.5):
         model = theta_star_model("actor-critic", d, m=d, gamma=cfg.gamma, alpha=cfg.alpha, beta=cfg.beta, c=c)
         assert AC.mimicking_loss(model, b).item() < 1e-24
@@ -66,13 +66,14 @@ def test_critic_weight_and_the_critic_rows_step_factor():
     err = (actor_critic.readout(model(b.z), model.layout) - b.target).pow(2)
     want = (9.0 * err[:, :6].sum(-1) + err[:, 6:].sum(-1)).mean()
     assert abs(AC.mimicking_loss(model, b).item() - want.item()) < 1e-12
+    # exact: the evaluation ignores the weight, so both are the same computation
     assert AC.evaluate(model, cfg, np.random.default_rng(1))["loss"] == AC.evaluate(model, _cfg(), np.random.default_rng(1))["loss"]
     k = 0.01
     plain_model, scaled = build(_cfg())[0], build(_cfg(critic_lr_factor=k))[0]
     rows = plain_model.layout.slice("w")
     Vp, Vs = plain_model.layer_params(0)["V"].detach(), scaled.layer_params(0)["V"].detach()
     torch.testing.assert_close(Vs[rows], k * Vp[rows], rtol=0, atol=1e-15)
-    assert torch.equal(Vs[: rows.start], Vp[: rows.start]) and torch.equal(Vs[rows.stop :], Vp[rows.stop :])
+    assert torch.equal(Vs[: rows.start], Vp[: rows.start]) and torch.equal(Vs[rows.stop :], Vp[rows.stop :])  # same init
     assert AC.TRAINING.update_constraint(plain_model, _cfg()) is None
     fix = AC.TRAINING.update_constraint(scaled, _cfg(critic_lr_factor=k))
     named = dict(scaled.named_parameters())
@@ -99,7 +100,7 @@ def test_parameter_scale_mixture():
     std = x.std(-1)
     # per-prompt sample stds of 200 entries: within ~15% of a scale in [0.5, 4], median at the geometric mean
     assert std.min() > 0.4 and std.max() < 4.6 and abs(np.median(np.log(std)) - np.log(np.sqrt(2.0))) < 0.1
-    np.testing.assert_array_equal(sarsa_training.draw_params(0.5, None, 3, 4, np.random.default_rng(1)),
+    np.testing.assert_array_equal(sarsa_training.draw_params(0.5, None, 3, 4, np.random.default_rng(1)),  # same draws
                                   0.5 * np.random.default_rng(1).standard_normal((3, 4)))
     b = AC.sample_actor_critic(_cfg(lam_std_max=5.0, batch=400), np.random.default_rng(2))
     lam_std, w_std = b.w.numpy()[:, 6:].std(-1), b.w.numpy()[:, :6].std(-1)

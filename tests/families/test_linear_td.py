@@ -20,6 +20,7 @@ def test_td_prompt_puts_every_quantity_in_its_block():
     p = linear_td.prompt(phi, phi_next, r, phi_q, 0.8, states)
     lay = p.layout
     assert p.z.shape == (3, 6, 5) and p.n == 5
+    # exact: the prompt holds copies, literal zeros and gamma * phi_next, computed as here
     np.testing.assert_array_equal(p.z[:, :5, lay.slice("phi")], phi)
     np.testing.assert_allclose(p.z[:, :5, lay.slice("gamma_phi_next")], 0.8 * phi_next, rtol=0, atol=0)
     np.testing.assert_array_equal(p.z[:, :5, lay.slice("reward")][..., 0], r)
@@ -42,7 +43,7 @@ def test_td_prompt_from_mrp_labels_and_columns():
         for i in range(9):
             s, s1 = traj.states[b, i], traj.states[b, i + 1]
             col = p.z[b, i]
-            np.testing.assert_array_equal(col[lay.slice("phi")], mrp.phi[b, s])
+            np.testing.assert_array_equal(col[lay.slice("phi")], mrp.phi[b, s])  # exact: copies
             np.testing.assert_allclose(col[lay.slice("gamma_phi_next")], 0.7 * mrp.phi[b, s1], atol=1e-15)
             assert col[lay.slice("reward")][0] == mrp.r[b, s] == p.rewards[b, i]
             assert p.states[b, i] == s
@@ -76,7 +77,7 @@ def test_linear_td_pattern():
     th = linear_td.theta_star(d, alpha=0.4, C=C)
     P, Q = th["P"], th["Q"]
     assert P.shape == Q.shape == (7, 7)
-    assert support(P) == {(6, 6)} and P[6, 6] == 0.4
+    assert support(P) == {(6, 6)} and P[6, 6] == 0.4  # exact: theta* is written entry by entry
     np.testing.assert_array_equal(Q[:3, :3], -C.T)
     np.testing.assert_array_equal(Q[:3, 3:6], C.T)
     Q_rest = Q.copy()
@@ -109,7 +110,8 @@ def test_wang_forward_with_theta_star_runs_batch_td():
             # after layer l: reward row = delta_i(w_l), query cell = -w_l . phi_q
             np.testing.assert_allclose(Z[reward_row, :n], ref.td_errors[b, layer], atol=1e-10)
             assert prompt.layout.readout(Z.T[None])[0, 0] == pytest.approx(ref.query_values[b, layer], abs=1e-10)
-            np.testing.assert_array_equal(Z[:reward_row], prompt.z[b].T[:reward_row])  # features untouched
+            # features untouched, exactly: P*'s rows above the reward row are literal zeros, so they add 0
+            np.testing.assert_array_equal(Z[:reward_row], prompt.z[b].T[:reward_row])
             Z = _wang_layer(Z, th["P"], th["Q"])
 
 

@@ -21,6 +21,7 @@ def test_windows_slide_along_one_trajectory():
     z = b.z.numpy()
     assert z.shape == (6, cfg.windows + 1, n + 1, 2 * d + 1)
     # window t+1's context is window t's shifted by one transition
+    # exact: sliding windows are copies of one trajectory's columns
     np.testing.assert_array_equal(z[:, 1:, : n - 1], z[:, :-1, 1:n])
     # inside a window, gamma*phi(s_{i+1}) of column i is gamma times the phi of column i+1
     np.testing.assert_allclose(z[:, :, : n - 1, d : 2 * d], g * z[:, :, 1:n, :d], rtol=0, atol=1e-15)
@@ -34,7 +35,7 @@ def test_windows_slide_along_one_trajectory():
 def test_windows_are_seeded_and_sized():
     cfg = _wang()
     a, b = (L.sample_windows(cfg, np.random.default_rng(5)) for _ in range(2))
-    assert torch.equal(a.z, b.z) and torch.equal(a.query_rewards, b.query_rewards)
+    assert torch.equal(a.z, b.z) and torch.equal(a.query_rewards, b.query_rewards)  # exact: the same draws
     assert L.sample_windows(cfg, np.random.default_rng(5), 4).z.shape[0] == 4 * cfg.trajectories_per_task
     assert L.TRAINING.batch is L.sample_windows
 

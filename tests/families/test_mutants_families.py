@@ -53,7 +53,7 @@ def test_sampler_uses_the_checkpoints_context_length(family, n):
         assert pb.prompt.states.shape == (3, n + 1) and pb.prompt.rewards.shape == (3, n + 1)
         assert pb.reference["td_errors"].shape[-1] == n  # one TD error per context column
         assert np.all(pb.prompt.states[:, :n] >= 0)  # every context column holds a labelled state
-        np.testing.assert_array_equal(pb.prompt.rewards[:, n], 0.0)  # the last column carries no reward
+        np.testing.assert_array_equal(pb.prompt.rewards[:, n], 0.0)  # the last column carries no reward (a literal 0)
 
 
 # ------------------------------------------------------------ actor-critic beta
@@ -71,11 +71,13 @@ def test_actor_critic_critic_step_lookup_order(origin, training, beta):
     assert actor_critic.control(cfg).beta == beta and actor_critic.control(cfg).alpha == ALPHA
     lay = cfg.model.layout
     V = cfg.theta_star()["blocks.0.attn.V"]
+    # exact: theta* is written entry by entry, a step times 0 or 1
     np.testing.assert_array_equal(V[lay.slice("w"), lay.slice("phi")], beta * np.eye(6))  # critic step
     np.testing.assert_array_equal(V[lay.slice("lam"), lay.slice("score")], ALPHA * np.eye(6))  # actor step
 
 
 # ------------------------------------------------------------ theta* carries alpha
+# theta* is written entry by entry (alpha, beta or a scale times 0 or 1): array_equal is exact here
 def test_theta_star_carries_the_step_alpha_linear_td():
     cfg = _config("linear-td")
     th = cfg.theta_star()
@@ -155,6 +157,6 @@ def test_prompt_values_sit_in_the_documented_rows():
     """A SARSA prompt: column i = [phi_i; gamma phi+_i; r_{i+1}; 0; 0], last column [0; 0; 0; 1; w]."""
     phi = np.array([[[1.0, 2.0]]])
     nxt = np.array([[[3.0, 4.0]]])
-    z = sarsa.prompt(phi, nxt, np.array([[5.0]]), np.array([[6.0, 7.0]]), 0.5).z
+    z = sarsa.prompt(phi, nxt, np.array([[5.0]]), np.array([[6.0, 7.0]]), 0.5).z  # exact: copies and 0.5 * 3.0
     np.testing.assert_array_equal(z[0, 0], [1.0, 2.0, 1.5, 2.0, 5.0, 0.0, 0.0, 0.0])
     np.testing.assert_array_equal(z[0, 1], [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 6.0, 7.0])

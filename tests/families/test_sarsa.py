@@ -25,6 +25,7 @@ def test_sarsa_prompt_from_mdp_labels_and_columns():
             s, a = traj.states[b, i], traj.actions[b, i]
             s1, a1 = traj.states[b, i + 1], traj.actions[b, i + 1]
             col = p.z[b, i]
+            # exact: the prompt holds copies and literal 0s and 1s
             np.testing.assert_array_equal(col[lay.slice("phi")], eye[s * 2 + a])
             np.testing.assert_allclose(col[lay.slice("gamma_phi_next")], 0.6 * eye[s1 * 2 + a1], atol=1e-15)
             assert col[lay.slice("reward")][0] == mdp.R[b, s, a] == p.rewards[b, i]
@@ -58,14 +59,14 @@ def test_sarsa_pattern_and_delta_identity():
     # x^T P12* [1; w] = delta = r + gamma w.phi+ - w.phi
     assert x @ P12 @ np.concatenate([[1.0], w]) == pytest.approx(r + 0.6 * w @ phi_next - w @ phi, abs=1e-14)
     assert not V21[0].any()  # keeps the '1'
-    np.testing.assert_array_equal(V21[1:, :d], 0.7 * np.eye(d))
+    np.testing.assert_array_equal(V21[1:, :d], 0.7 * np.eye(d))  # exact: alpha times 0 or 1
     assert not V21[1:, d:].any()
     th = sarsa.theta_star(d, alpha=0.7, c=2.0)
     P, V = th["P"], th["V"]
     assert P.shape == V.shape == (3 * d + 2, 3 * d + 2)
     lay = sarsa.layout(d)
     trans, par = slice(0, lay.slice("reward").stop), slice(lay.slice("param_one").start, lay.d_model)
-    np.testing.assert_array_equal(P[trans, par], 2.0 * P12)
+    np.testing.assert_array_equal(P[trans, par], 2.0 * P12)  # exact: scaling by a power of 2
     np.testing.assert_array_equal(V[par, trans], V21 / 2.0)
     P_rest, V_rest = P.copy(), V.copy()
     P_rest[trans, par], V_rest[par, trans] = 0, 0

@@ -20,7 +20,7 @@ def test_sarsa_teacher_is_the_reference_update_and_theta_star_mimics_it():
     want = reference.sarsa_update(z[:, :-1, :d], z[:, :-1, d : 2 * d] / cfg.gamma, z[:, :-1, 2 * d], z[:, -1, 2 * d + 2 :],
                                   cfg.gamma, cfg.alpha)
     np.testing.assert_allclose(b.target.numpy(), want, atol=1e-12)
-    assert np.all(z[:, -1, 2 * d + 1] == 1.0)
+    assert np.all(z[:, -1, 2 * d + 1] == 1.0)  # exact: a literal 1
     for c in (1.0, -2.5):
         model = theta_star_model("sarsa", d, gamma=cfg.gamma, alpha=cfg.alpha, c=c)
         assert S.teacher_mimicking(model, b).item() < 1e-24
@@ -35,7 +35,7 @@ def test_evaluation_of_theta_star_is_on_the_manifold():
     cfg = config_for("sarsa", n_states=3, n_actions=2, n=16, eval_tasks=16, dtype="float64")
     m = S.evaluate(theta_star_model("sarsa", 6, gamma=cfg.gamma, alpha=cfg.alpha, c=-2.0), cfg, np.random.default_rng(1))
     assert m["loss"] < 1e-24 and abs(m["scale_c"] + 2.0) < 1e-9 and m["rel_err_P12"] < 1e-9
-    assert m["lazy_P22"] == 0.0 and m["lazy_V22"] == 0.0
+    assert m["lazy_P22"] == 0.0 and m["lazy_V22"] == 0.0  # exact: masked to literal zeros
     series = S.TRAINING.trends.series([{"step": 1, **m}])
     assert "rel err P12 mod u" in series and S.TRAINING.trends.log_scale
 
@@ -55,6 +55,7 @@ def test_lazy_blocks_stay_exactly_zero_and_drift_under_the_ablation(tmp_path):
     assert two == slice(run.model.layout.slice("param_one").start, run.model.layout.d_model)
     for _, d in list_checkpoints(run.run_dir):
         p = _params(d)
+        # exact: the trainer masks the lazy blocks to literal zeros
         assert np.all(p["blocks.0.attn.P"][two, two] == 0.0) and np.all(p["blocks.0.attn.V"][two, two] == 0.0)
     assert all(json.loads(x)["lazy_max_abs"] == 0.0 for x in (run.run_dir / "metrics.jsonl").read_text().splitlines())
     abl = train(_cfg(lazy_ablation=True), tmp_path / "abl", progress=False, evaluate=False)

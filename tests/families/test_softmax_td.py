@@ -25,6 +25,7 @@ def test_softmax_prompt_from_mrp_labels_and_columns():
             reward = mrp.r[b, s] if k < 7 else 0.0
             assert p.z[b, k, lay.slice("reward")][0] == reward == p.rewards[b, k]
             assert p.states[b, k] == s
+    # exact: the memories start as literal zeros; the other entries are copies
     assert np.all(p.z[:, :, lay.slice("target_mem")] == 0) and np.all(p.z[:, :, lay.slice("current_mem")] == 0)
 
 
@@ -42,7 +43,7 @@ def test_softmax_td_pattern():
     lay = softmax_td.layout(d)
     A, V, Vt = th["A"], th["V"], th["V_target"]
     assert A.shape == V.shape == Vt.shape == (5, 5)
-    np.testing.assert_array_equal(A, np.diag([3.0, 3.0, 0, 0, 0]))
+    np.testing.assert_array_equal(A, np.diag([3.0, 3.0, 0, 0, 0]))  # exact: theta* is written entry by entry
     r, t, c = lay.slice("reward").start, lay.slice("target_mem").start, lay.slice("current_mem").start
     assert support(V) == {(c, r), (c, t), (c, c)}
     np.testing.assert_array_equal(V[c, [r, t, c]], [0.5, 0.5, -0.5])  # signs (+, +, -): R + gamma v' - v
@@ -97,6 +98,6 @@ def test_xie_forward_with_theta_star_runs_weighted_softmax_td(form):
             v = ref.values[b, layer]
             np.testing.assert_allclose(Z[c], v, atol=1e-10)  # current memory: v_l(S_{k-1}), last column v_l(S_n)
             np.testing.assert_allclose(Z[t, :-1], mrp.gamma * v[1:], atol=1e-10)  # target: gamma v_l(S_k)
-            assert Z[t, -1] == 0
+            assert Z[t, -1] == 0  # exact: nothing writes there (row t of V* and of U is literal zeros)
             assert lay.readout(Z.T[None])[0, 0] == pytest.approx(v[-1], abs=1e-10)
             Z = _xie_dual_head(Z, th) if form == "dual-head" else _xie_tsm(Z, th, mrp.gamma, lay)

@@ -21,6 +21,7 @@ def test_state_queries_put_each_state_in_the_query():
     b = S.sample_state_queries(cfg, np.random.default_rng(0))
     n_s = cfg.n_states
     z = b.z.numpy()
+    # exact: beta times 0 or 1, and copies
     np.testing.assert_array_equal(z[:, :, -1, :n_s], np.broadcast_to(cfg.beta * np.eye(n_s), (6, n_s, n_s)))
     np.testing.assert_array_equal(z[:, :, :-1], np.broadcast_to(z[:, :1, :-1], z[:, :, :-1].shape))
     np.testing.assert_allclose(b.v_true.numpy(), b.r.numpy() + cfg.gamma * np.einsum("bst,bt->bs", b.P.numpy(), b.v_true.numpy()), atol=1e-12)
@@ -53,7 +54,7 @@ def test_masks_keep_everything_outside_exactly_zero(tmp_path):
         masks = S.masks(run.model.layout)
         for name, p in run.model.named_parameters():
             mask = masks[name.rsplit(".", 1)[-1]].bool()
-            assert torch.all(p.detach()[~mask] == 0.0) and torch.all(p.detach()[mask] != 0.0)
+            assert torch.all(p.detach()[~mask] == 0.0) and torch.all(p.detach()[mask] != 0.0)  # masked: literal zeros
     free = train(_tiny(masks=False), tmp_path / "free", progress=False, evaluate=False)
     A = dict(free.model.named_parameters())["blocks.0.attn.A"].detach()
     assert torch.count_nonzero(A) == A.numel()

@@ -244,7 +244,7 @@ def test_build_model_is_seeded_and_small():
     cfg = ModelConfig("linear-td", 3, n_layers=4, tied=False, dtype="float64")
     a, b, c = build_model(cfg, seed=1), build_model(cfg, seed=1), build_model(cfg, seed=torch.Generator().manual_seed(2))
     for (name, pa), (_, pb), (_, pc) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters()):
-        assert torch.equal(pa, pb) and not torch.equal(pa, pc)
+        assert torch.equal(pa, pb) and not torch.equal(pa, pc)  # exact: the same seeded draws
         assert 0 < pa.abs().max() < 0.5  # Xavier gain 0.1 / L
 
 

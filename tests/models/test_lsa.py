@@ -101,7 +101,7 @@ def test_lazy_blocks_start_at_zero_and_actor_critic_theta_star_registers_itself(
         two = slice(model.layout.slice("param_one").start, model.config.D)
         for name in ("P", "V"):
             matrix = getattr(model.blocks[0].attn, name).detach()
-            assert not matrix[two, two].any() and matrix.abs().sum() > 0
+            assert not matrix[two, two].any() and matrix.abs().sum() > 0  # exact: initialized as literal zeros
     assert build_model(ModelConfig("actor-critic", 2, m=3)).layout.names[-1] == "lam"
     star = theta_star_model("actor-critic", 2, m=3)
     two = slice(star.layout.slice("param_one").start, star.config.D)

@@ -44,7 +44,7 @@ def test_both_forms_are_weighted_softmax_td_on_every_column(features, beta, scor
             post = acts[f"blocks.{layer}.hook_resid_post"]
             assert_close(post[..., cur], ref.values[:, layer + 1])                  # v_{l+1}(S_j), every column
             assert_close(post[:, :-1, tgt], GAMMA * ref.values[:, layer + 1, 1:])   # gamma v_{l+1}(S_{k+1})
-            assert not post[:, -1, tgt].any()
+            assert not post[:, -1, tgt].any()  # exact: nothing writes there (literal zeros of theta*)
         assert_close(model.readout(out)[:, 0], ref.values[:, n_layers, -1])        # v_L(S_n)
         outs[form] = out
     assert_close(outs["tsm"], outs["dual"], tol=1e-12)
@@ -71,7 +71,7 @@ def test_pattern_is_a_source_softmax_with_the_query_masked():
         scores = acts[f"blocks.{layer}.attn.hook_attn_scores"]
         assert pattern.shape == scores.shape == (4, 1, 9, 9)
         assert_close(pattern.sum(-1), torch.ones(4, 1, 9, dtype=torch.float64), tol=1e-14)
-        assert torch.all(pattern[..., -1] == 0) and torch.all(scores[..., -1] == float("-inf"))
+        assert torch.all(pattern[..., -1] == 0) and torch.all(scores[..., -1] == float("-inf"))  # exp(-inf) = 0
         assert torch.isfinite(scores[..., :-1]).all()
 
 

@@ -1,4 +1,5 @@
-"""Child process for the SIGKILL test: records slowly enough to be killed mid-run."""
+"""Child process for the SIGKILL tests: records slowly enough to be killed mid-run (also sharded:
+tests/probes/test_shard_kills.py calls `main` in a forked child)."""
 import sys
 import time
 
@@ -23,14 +24,14 @@ class SlowAttention(nn.Module):
         return x + self.soft(self.q(x) @ x.transpose(1, 2)) @ x
 
 
-def main(out, n, resume):
+def main(out, n, resume, shards=1, workers=None):
     torch.manual_seed(0)
     model = nn.Sequential(SlowAttention(9), SlowAttention(9)).double()
     spec = probe_spec.parse_spec('[[hooks]]\npattern = "*.soft"\n[[hooks]]\npattern = "*.q"\ndtype = "bfloat16"\n')
     cfg = CheckpointConfig(model=ModelConfig(family="linear-td", d=4, n_layers=2, gamma=0.9),
                            task=TaskSpec.from_dict({"n": 12}, "linear-td", "boyan"))
     recorder.record(model, out, spec, recorder.PromptSource(config=cfg, n_total=n, seed=3), batch_size=16,
-                    resume=resume, progress=False)
+                    resume=resume, progress=False, shards=shards, workers=workers)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def test_random_init_baseline_is_the_same_architecture_reset(tmp_path):
     # same seed, same baseline
     _record(model, tmp_path / "s.h5", baseline="random-init")
     with h5py.File(tmp_path / "r.h5") as a, h5py.File(tmp_path / "s.h5") as b:
-        np.testing.assert_array_equal(a["baseline/outputs/model"][()], b["baseline/outputs/model"][()])
+        np.testing.assert_array_equal(a["baseline/outputs/model"][()], b["baseline/outputs/model"][()])  # same run again
 
 
 def test_parameters_without_reset_are_redrawn():
@@ -95,7 +95,7 @@ def test_parameters_without_reset_are_redrawn():
 
     clone, info = recorder.random_init_copy(Raw(), 3)
     assert info["redrawn"] == ["P", "b"]
-    assert torch.all(clone.b == 0) and not torch.allclose(clone.P, torch.ones(5, 5))
+    assert torch.all(clone.b == 0) and not torch.allclose(clone.P, torch.ones(5, 5))  # a bias is redrawn as literal 0
     assert abs(float(clone.P.std()) - 5 ** -0.5) < 0.3
 
 
@@ -108,7 +108,7 @@ def test_eval_mode_for_the_run_and_modes_restored(tmp_path):
     assert any("stochastic" in n for n in summary.notes)
     assert model.training and model.blocks[0].training and not model.blocks[1].training
     assert not model.blocks[1].attn.training
-    with h5py.File(tmp_path / "a.h5") as a, h5py.File(tmp_path / "b.h5") as b:
+    with h5py.File(tmp_path / "a.h5") as a, h5py.File(tmp_path / "b.h5") as b:  # exact: the same run again
         np.testing.assert_array_equal(a["acts/blocks.1.hook_resid_post"][()], b["acts/blocks.1.hook_resid_post"][()])
         np.testing.assert_array_equal(a["outputs/model"][()], b["outputs/model"][()])
 
@@ -121,7 +121,7 @@ def test_batches_are_seeded_per_batch(tmp_path):
         z = r.array("prompts/z")
     for i in range(3):
         expect = config.sample(8, np.random.default_rng([5, i])).prompt.z
-        np.testing.assert_array_equal(z[8 * i : 8 * (i + 1)], expect)
+        np.testing.assert_array_equal(z[8 * i : 8 * (i + 1)], expect)  # exact: the same sampling again
     assert not np.allclose(z[:8], z[8:16])
 
 
@@ -160,7 +160,7 @@ def test_prompt_file_with_task_ids_gamma_and_reference(tmp_path):
                           prompts=tmp_path / "p.npz", batch_size=4, progress=False, baseline="none")
     with Recording(tmp_path / "r.h5") as r:
         np.testing.assert_array_equal(r.array("prompts/task_id"), ids)
-        assert r.attr("gamma") == 0.5
+        assert r.attr("gamma") == 0.5  # exact here and below: copies of the file's numbers
         np.testing.assert_array_equal(r.array("reference/output"), own_output)  # the file's own run wins
         np.testing.assert_allclose(r.array("reference/td_errors"), config.reference(z)["td_errors"], atol=1e-12)
     with pytest.raises(UserError, match="gamma 0.5 disagrees with the task's gamma 0.9"):

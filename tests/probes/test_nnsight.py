@@ -28,4 +28,4 @@ def test_nnsight_trace_equals_recording(tmp_path):
             saved[f"blocks.{layer}.hook_resid_post"] = wrapped.blocks[layer].hook_resid_post.output.save()
     with Recording(tmp_path / "r.h5") as rec:
         for name, value in saved.items():
-            np.testing.assert_array_equal(rec.read(name), value.detach().numpy())
+            np.testing.assert_array_equal(rec.read(name), value.detach().numpy())  # exact: the same forward

@@ -13,7 +13,7 @@ from torch import nn
 
 from icrl_interp import checkpoint, probe_spec, recorder, registry
 from icrl_interp.capture import attached_hook_count, capture
-from icrl_interp.errors import UserError
+from icrl_interp.errors import ModelFault, UserError
 from icrl_interp.models import CheckpointConfig, ModelConfig, theta_star_model
 from icrl_interp.recording import SCHEMA, Recording, partial_path
 from icrl_interp.sampling import TaskSpec
@@ -64,7 +64,7 @@ def test_linear_td_recording_matches_reference(tmp_path):
         params, star = r.group("params"), r.group("theta_star")
         assert set(params) == set(star) == {"blocks.0.attn.P", "blocks.0.attn.Q"}
         for k in params:
-            np.testing.assert_array_equal(params[k], star[k])
+            np.testing.assert_array_equal(params[k], star[k])  # exact: the model's parameters are theta*, copied
         assert r.attr("versions")["torch"] == torch.__version__
         assert r.attr("checkpoint_config")["model"]["family"] == "linear-td"
         assert r.attr("checkpoint_config")["format_version"] == 2 and r.checkpoint_config.task.n == 16
@@ -97,7 +97,7 @@ def test_recording_is_reproducible(tmp_path):
     _record(model, tmp_path / "c.h5", seed=6)
     with h5py.File(tmp_path / "a.h5") as a, h5py.File(tmp_path / "b.h5") as b, h5py.File(tmp_path / "c.h5") as c:
         for key in ("acts/blocks.1.attn.hook_pattern", "prompts/z", "reference/td_errors", "tasks/P"):
-            np.testing.assert_array_equal(a[key][()], b[key][()])
+            np.testing.assert_array_equal(a[key][()], b[key][()])  # exact: the same computation rerun
         assert not np.array_equal(a["prompts/z"][()], c["prompts/z"][()])
 
 
@@ -128,8 +128,9 @@ def test_raising_hook_or_forward_leaves_no_hooks_and_no_final_file(tmp_path):
     bad = Exploding().double()
     spec = probe_spec.parse_spec('[[hooks]]\npattern = "lin"\n')
     src = recorder.PromptSource(config=_plain_config(d=3, n=4), n_total=8)
-    with pytest.raises(Boom):
+    with pytest.raises(ModelFault, match="the model raised Boom: forward") as caught:  # a user's model: one line
         recorder.record(bad, tmp_path / "x.h5", spec, src, batch_size=4, progress=False)
+    assert isinstance(caught.value.__cause__, Boom)
     assert attached_hook_count(bad) == 0
     assert not (tmp_path / "x.h5").exists()
     # the first batch runs before the file is created: a refused run leaves no .partial behind
@@ -197,7 +198,7 @@ def test_bfloat16_is_stored_exactly(tmp_path):
         assert got.dtype == np.float32 and r.f["acts/blocks.0.hook_resid_post"].attrs["dtype"] == "bfloat16"
         with torch.no_grad():
             want = model(torch.from_numpy(r.array("/prompts/z")), stop_at_layer=1).to(torch.bfloat16).float().numpy()
-        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, want)  # exact: the same forward on the same prompts, then the same cast
 
 
 def test_position_slice(tmp_path):
@@ -278,7 +279,7 @@ def test_sigkill_then_resume_is_identical(tmp_path, trial):
     with h5py.File(ref) as a, h5py.File(out) as b:
         assert b.attrs["complete"]
         for key in ("acts/0.soft", "acts/1.q", "prompts/z", "reference/td_errors", "tasks/values"):
-            np.testing.assert_array_equal(a[key][()], b[key][()])
+            np.testing.assert_array_equal(a[key][()], b[key][()])  # exact: the same batches computed again
 
 
 @pytest.mark.parametrize("family, kw", [("actor-critic", dict(d=6, m=6, alpha=0.5, beta=0.25)),
@@ -300,7 +301,7 @@ def test_prompt_files_of_every_family_get_the_reference(tmp_path, family, kw):
             np.testing.assert_allclose(r.array(f"/reference/{key}"), want, atol=1e-12, err_msg=key)
         assert r.task_family == family and r.family == family
         star = r.group("theta_star")
-        assert star and all(np.array_equal(star[k], r.group("params")[k]) for k in star)
+        assert star and all(np.array_equal(star[k], r.group("params")[k]) for k in star)  # exact: copies
     from icrl_interp.analyzers import analyze
 
     for layer in analyze(tmp_path / "p.h5")["activations"]["layers"]:  # theta* runs that reference
@@ -328,7 +329,7 @@ def test_record_writes_schema_2_and_samples_through_the_registry(tmp_path):
     with Recording(tmp_path / "a.h5") as a, Recording(tmp_path / "b.h5") as b:
         assert a.task_family == "sarsa" and b.task_family == "test-sarsa-prompts"
         assert a.model_info == b.model_info == {"family": "sarsa", "architecture": "lsa", "class": "LSAModel"}
-        np.testing.assert_array_equal(a.array("/prompts/z"), b.array("/prompts/z"))
+        np.testing.assert_array_equal(a.array("/prompts/z"), b.array("/prompts/z"))  # exact: the same sampling rerun
         assert b.attr("checkpoint_config")["task"]["family"] == "test-sarsa-prompts"
     with pytest.raises(UserError, match="needs a checkpoint config"):
         recorder.PromptSource(n_total=3)

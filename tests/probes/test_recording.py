@@ -31,7 +31,7 @@ def test_batch_aligned_chunks_are_written_whole(tmp_path):
     w.write_batch({"acts/x": data[0][:10]})  # a last, partial batch
     w.finish()
     with Recording(tmp_path / "a.h5") as r:
-        np.testing.assert_array_equal(r.read("x"), np.concatenate([data[0], data[1], data[2], data[0][:10]]))
+        np.testing.assert_array_equal(r.read("x"), np.concatenate([data[0], data[1], data[2], data[0][:10]]))  # copies
         assert r.n_prompts == 202
         assert [b["x"].shape[0] for b in r.iter_batches(batch_size=100)] == [100, 100, 2]
 
@@ -39,7 +39,7 @@ def test_batch_aligned_chunks_are_written_whole(tmp_path):
 def test_bf16_decoding_is_exact():
     values = np.array([1.0, -2.5, 3.140625, 0.0], dtype=np.float32)
     raw = (values.view(np.uint32) >> 16).astype(np.uint16)
-    np.testing.assert_array_equal(bf16_to_float32(raw), values)
+    np.testing.assert_array_equal(bf16_to_float32(raw), values)  # exact: bfloat16 is float32's upper half
 
 
 def test_reader_refuses_foreign_incomplete_and_corrupt_files(tmp_path):
@@ -101,3 +101,28 @@ def test_schema_1_generic_means_no_family(tmp_path):
     with Recording(w.finish()) as r:
         assert r.schema_version == 1 and r.task_family is None
         assert r.model_info == {"family": None, "architecture": None, "class": None}
+
+
+@pytest.mark.parametrize("row, itemsize, batch, chunk", [
+    ((100,), 8, 64, (64, 100)),    # 800-byte rows: the largest divisor of the batch in [13, 1310] rows
+    ((100,), 8, 12, (81, 100)),    # no divisor of 12 reaches 13 rows (10 KiB): 64 KiB of rows, unaligned
+    ((10,), 8, None, (819, 10)),   # no batch size: 64 KiB of rows
+    ((5,), 8, 4096, (4096, 5)),    # 40-byte rows: the whole batch fits the 1 MiB bound
+    ((5,), 8, 2**17, (2**14, 5)),  # 2^17 rows would be 5 MiB: its largest divisor under 26214 rows is 2^14
+    ((1000, 200), 8, 64, (1, 500, 200)),  # one 1.6 MB row: halved along its largest axis, one row a chunk
+])
+def test_chunk_shape_known_answers(row, itemsize, batch, chunk):
+    """Exact integers: lo = ceil(10 KiB / row bytes), hi = floor(1 MiB / row bytes) rows per chunk."""
+    assert chunk_shape(row, itemsize, batch) == chunk
+
+
+def test_iter_batches_brings_the_extra_paths_row_for_row(tmp_path):
+    w = RecordingWriter(tmp_path / "a.h5", {"task_family": "", "batch_size": 4})
+    for i in range(3):
+        w.write_batch({"acts/x": np.full((4, 2), float(i)), "prompts/z": np.arange(4.0) + 4 * i})
+    w.finish()
+    with Recording(tmp_path / "a.h5") as r:
+        got = list(r.iter_batches(hooks=["x"], batch_size=5, extra=["/prompts/z"]))
+    assert [sorted(b) for b in got] == [["/prompts/z", "x"]] * 3
+    np.testing.assert_array_equal(np.concatenate([b["/prompts/z"] for b in got]), np.arange(12.0))  # copies
+    assert [b["x"].shape[0] for b in got] == [5, 5, 2]

@@ -12,10 +12,11 @@ import h5py
 import numpy as np
 import pytest
 
+from helpers import theta_star_setup
+
 import icrl_interp
-from icrl_interp import checkpoint, probe_spec, recorder, shards
+from icrl_interp import checkpoint, recorder, shards
 from icrl_interp.errors import UserError
-from icrl_interp.models import theta_star_model
 from icrl_interp.recording import Recording, partial_path
 
 N, BATCH = 40, 8  # five batches: three shards of 1, 2 and 2 batches
@@ -23,10 +24,7 @@ N, BATCH = 40, 8  # five batches: three shards of 1, 2 and 2 batches
 
 @pytest.fixture(scope="module")
 def setup():
-    model = theta_star_model("linear-td", d=3, n_layers=2, alpha=0.7)
-    cfg = checkpoint.make_config(model.config, {"task": {"kind": "boyan", "n": 8, "n_states": 6},
-                                                "origin": model.origin})
-    return model, cfg, probe_spec.shipped_spec("linear-td")
+    return theta_star_setup(8)
 
 
 def _record(setup, out, seed=3, **kw):
@@ -57,6 +55,7 @@ def _same_datasets(a, b) -> None:
     one, two = _datasets(a), _datasets(b)
     assert set(one) == set(two)
     for name, (data, attrs) in one.items():
+        # exact: the shards run the same batches of the same prompts as the single file
         assert data.dtype == two[name][0].dtype and np.array_equal(data, two[name][0]), name
         assert attrs == two[name][1], name
 
@@ -87,7 +86,7 @@ def test_sharded_recording_holds_and_analyzes_to_the_single_file(pair):
         assert {k: m.attr(k) for k in m.f.attrs if k not in skip} == {k: s.attr(k) for k in s.f.attrs if k not in skip}
     a, b = icrl_interp.analyze(one, progress=False), icrl_interp.analyze(sharded, progress=False)
     assert a.pop("source") == str(one) and b.pop("source") == str(sharded)
-    assert a == b
+    assert a == b  # exact: the same analysis of the same numbers
 
 
 def test_master_reads_its_shards_from_its_own_directory(pair, tmp_path, monkeypatch):
@@ -197,7 +196,7 @@ def test_a_prompt_file_shards_like_one_file(setup, tmp_path):
     _same_datasets(tmp_path / "one.h5", tmp_path / "sh.h5")
     with Recording(tmp_path / "sh.h5") as rec:
         np.testing.assert_array_equal(rec.array("/prompts/task_id"), task_id)
-        np.testing.assert_array_equal(rec.array("/prompts/z"), batch.prompt.z)
+        np.testing.assert_array_equal(rec.array("/prompts/z"), batch.prompt.z)  # exact: a copy
 
 
 def test_record_command_writes_shards_and_master(tmp_path, capsys):

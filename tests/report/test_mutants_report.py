@@ -52,7 +52,7 @@ def test_a_new_package_version_re_analyzes_a_cached_input(tmp_path, monkeypatch)
     monkeypatch.setattr(batch, "__version__", "7.1.0")
     third = run()
     assert [r.cached for r in third] == [False] and [r.status for r in third] == ["ok"] and len(calls()) == 2
-    assert third[0].analysis == second[0].analysis
+    assert third[0].analysis == second[0].analysis  # exact: copies of the cached numbers
 
 
 # ------------------------------------------------------------------ empty failure messages

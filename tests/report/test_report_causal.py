@@ -65,6 +65,7 @@ def test_a_causal_json_is_a_row_with_its_numbers_figure_and_page_section(theta, 
     assert (row["family"], row["task_family"], row["context_length"]) == ("linear-td", "linear-td", 6)
     assert (row["causal.layer"], row["causal.method"], row["causal.hook"]) == (0, "mean", "blocks.0.hook_resid_post")
     assert row["causal.source"] == str(ckpt) and row["sha256"] and row["error"] == "" and row["reasons"] == ""
+    # exact: the summary copies the JSON's numbers (and a float's repr reads back to the same float)
     assert row["causal.erasure.output_change.td.mean"] == out_change["td"]["mean"]
     assert row["causal.erasure.output_change.td.ci"] == out_change["td"]["ci"]
     assert row["causal.erasure.output_change.random.mean"] == out_change["random"]["mean"]
@@ -94,7 +95,7 @@ def test_a_causal_json_is_a_row_with_its_numbers_figure_and_page_section(theta, 
     before = (out / "summary.json").read_bytes(), (out / "summary.csv").read_bytes()
     outcome = build_report([path, ckpt], out, ReportConfig(workers=1, progress=False))
     assert outcome.results[0].cached
-    assert ((out / "summary.json").read_bytes(), (out / "summary.csv").read_bytes()) == before
+    assert ((out / "summary.json").read_bytes(), (out / "summary.csv").read_bytes()) == before  # copies of the cache
 
 
 def test_a_foreign_json_named_explicitly_is_a_failed_row(theta):
@@ -178,7 +179,7 @@ def test_a_foreign_model_recording_and_its_causal_json_leave_no_section_unexplai
     rec, cau = _rows(out)
     assert (rec["kind"], cau["kind"]) == ("recording", "causal")
     assert cau["family"] == "generic" and cau["causal.model.family"] is None and cau["status"] == "ok"
-    assert cau["causal.erasure.output_change.td.mean"] == section["erasure"]["output_change"]["td"]["mean"]
+    assert cau["causal.erasure.output_change.td.mean"] == section["erasure"]["output_change"]["td"]["mean"]  # a copy
     # every analysis section is computed or says why not, in the row and on the page
     sections = {k.split(".", 1)[1]: v for k, v in rec.items() if k.startswith("sections.")}
     assert sections and all(v == "ok" or (isinstance(v, str) and len(v) > len("not applicable: ")) for v in sections.values())

@@ -94,7 +94,7 @@ def test_theta_star_block_norms_rebuilt_from_the_recording(tmp_path):
     np.testing.assert_allclose(mat, expect, atol=1e-15)
 
 
-def test_block_matrix_forms():
+def test_block_matrix_forms():  # exact: block_matrix copies the numbers it is given
     rows, cols, m = figures.block_matrix({"a": {"x": 1.0, "y": 2.0}, "b": {"x": 3.0}})
     assert (rows, cols) == (["a", "b"], ["x", "y"])
     np.testing.assert_array_equal(m, [[1.0, 2.0], [3.0, np.nan]])
@@ -124,7 +124,7 @@ def test_kernel_fields_and_headline_known_answers(drawn):
     pop = copy.deepcopy(theta)
     pop.analysis["activations"] = None
     pop.analysis["weights"]["population_kernel"] = [{"layer": 0, "min": 0.97, "margin": 0.02, "threshold": 0.95}]
-    assert kernel_mins(pop) == {0: (0.97, 0.95)}
+    assert kernel_mins(pop) == {0: (0.97, 0.95)}  # exact: copies
 
 
 def test_missing_and_malformed_fields_never_crash(drawn, tmp_path):
@@ -159,6 +159,6 @@ def test_training_view_follows_wang_metrics_from_live_or_recorded_activations():
     ss = next(v for k, v in specs.items() if "SS" in k)
     vd = next(v for k, v in specs.items() if "VD" in k)
     r = SimpleNamespace(analysis={"activations": {"wang_metrics": {"SS": 0.93, "VD": 0.012, "IWS": 0.5}}})
-    assert ss[2](r) == 0.93 and ss[3] == 1.0 and not ss[4]
+    assert ss[2](r) == 0.93 and ss[3] == 1.0 and not ss[4]  # exact: copies
     assert vd[2](r) == 0.012 and vd[4]  # log scale: VD falls over orders of magnitude
     assert ss[2](SimpleNamespace(analysis={"activations": None})) is None

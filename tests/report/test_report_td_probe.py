@@ -39,7 +39,7 @@ def test_report_headline_is_the_selectivity_and_the_tables_go_per_target_and_tas
     assert len(primary) == 8 and {t["target"] for t in primary} == {f"td_error_{k}" for k in range(1, 5)}
     for t in primary:
         layer = by[t["input"].rsplit("/", 1)[1][:-3]].analysis["activations"]["layers"][int(t["layer"])]
-        assert float(t["selectivity"]) == layer["td_probe_selectivity"]
+        assert float(t["selectivity"]) == layer["td_probe_selectivity"]  # exact: copies (repr reads back exactly)
         assert [float(t["selectivity_lo"]), float(t["selectivity_hi"])] == layer["td_probe_selectivity_ci"]
     tasks = list(csv.DictReader(io.StringIO((out.out_dir / "td_probe_tasks.csv").read_text())))
     held = sum(layer["td_probe"][layer["td_probe_hook"]]["n_test_tasks"]

@@ -68,6 +68,10 @@ def test_the_run_name_ignores_steps_only():
     ({"grid": {"lr": [0.01, -1.0]}}, "the point lr=-1.0, seed=0 is not a valid config: lr must be positive"),
     ({"report": {"colour": 1}}, "report.colour: unknown report field"),
     ({"report": {"control_mdps": "2"}}, "report.control_mdps: expected an integer"),
+    ({"grid": {"lr": [0.01, float("inf")]}}, "grid.lr[1]: expected a finite number, got inf"),
+    ({"base": {**BASE, "lr": float("nan")}}, "base.lr: expected a finite number, got nan"),
+    ({"grid": {"init_gain": [10**400]}}, "grid.init_gain[0]: expected a finite number, got 1000"),
+    ({"seeds": [0, 2**63]}, "seeds[1]: 9223372036854775808 is larger than the largest seed, 9223372036854775807"),
 ])
 def test_bad_grids_are_one_line_errors_naming_the_field(change, fragment):
     with pytest.raises(UserError) as e:
@@ -100,3 +104,62 @@ def test_a_run_is_finished_only_with_its_config_last_checkpoint_and_final_metric
     assert not is_finished(run, config_for("linear-td", **{**BASE, "lr": 0.5}))  # another config
     (run / "final_metrics.json").write_text(json.dumps({"step": 4}))
     assert not is_finished(run, cfg) and is_finished(run, cfg, evaluate=False)
+
+
+def test_the_largest_seed_is_taken_exactly_and_one_more_is_refused():
+    from icrl_interp.train.config import MAX_SEED
+
+    assert MAX_SEED == 2**63 - 1  # torch.Generator takes up to 2**64 - 1; int64 attributes up to this
+    s = parse_sweep(grid(seeds=[MAX_SEED], grid={"lr": [0.01]}))
+    assert s.points[0].config.seed == MAX_SEED  # exact: no round trip through a float
+    assert config_for("linear-td", seed=MAX_SEED).seed == MAX_SEED
+    with pytest.raises(UserError, match=f"seed must be at most {MAX_SEED}"):
+        config_for("linear-td", seed=MAX_SEED + 1)
+
+
+def test_a_grid_of_more_runs_than_the_limit_is_refused_with_its_size(monkeypatch):
+    from icrl_interp.train import sweep
+
+    monkeypatch.setattr(sweep, "MAX_RUNS", 8)
+    assert len(parse_sweep(grid()).points) == 8  # 2 x 2 values x 2 seeds: at the limit
+    monkeypatch.setattr(sweep, "MAX_RUNS", 7)
+    with pytest.raises(UserError) as e:
+        parse_sweep(grid())
+    assert str(e.value) == ("grid: 2 x 2 values x 2 seeds = 8 runs, ~40 training steps; a sweep runs at most 7: "
+                            "split it into smaller sweeps")
+    with pytest.raises(UserError, match=r"grid: 2 x 2 values x 2 seeds = 8 runs, ~28 training steps;"):
+        parse_sweep(grid(grid={"lr": [0.01, 0.003], "steps": [2, 5]}, base={k: v for k, v in BASE.items() if k != "steps"}))
+
+
+def test_a_grid_of_a_trillion_points_is_refused_in_seconds_before_torch_is_imported(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    lists = "".join(f"{k} = {list(range(1, 1001))}\n" for k in ("lr", "n_layers", "init_gain", "eval_tasks"))
+    (tmp_path / "g.toml").write_text(f'family = "linear-td"\nseeds = [0, 1]\n[grid]\n{lists}')
+    code = ("import sys\nfrom icrl_interp.errors import UserError\nfrom icrl_interp.train.sweep import read_sweep\n"
+            "try:\n    read_sweep(sys.argv[1])\nexcept UserError as e:\n    print(e)\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "g.toml")], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert time.monotonic() - t0 < 10
+    assert "1000 x 1000 x 1000 x 1000 values x 2 seeds = 2,000,000,000,000 runs; a sweep runs at most 10000" in out
+
+
+def test_a_sweep_directory_is_marked_by_its_lock_file_first_and_its_leftovers_go(tmp_path):
+    """A sweep killed before its sweep.json exists left a directory that is still the sweep's own."""
+    from icrl_interp.train.sweep import SWEEP_LOCK, is_sweep_dir, writing_sweep
+
+    out = tmp_path / "sw"
+    with writing_sweep(out):
+        (out / ".sweep.json.abcd_123.tmp").write_text("half")  # killed while writing its plan
+    assert {p.name for p in out.iterdir()} == {".sweep.json.abcd_123.tmp", SWEEP_LOCK}
+    assert is_sweep_dir(out)
+    with writing_sweep(out):  # the next sweep removes what the killed one left
+        pass
+    assert sorted(p.name for p in out.iterdir()) == [SWEEP_LOCK]
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "sweep.json").write_text(json.dumps({"schema": "mine"}))
+    assert not is_sweep_dir(tmp_path / "mine")

@@ -43,7 +43,7 @@ def test_run_directory_and_determinism(tmp_path, family):
     assert conf["training"] == cfg.to_dict() and conf["seed"] == cfg.seed
     assert conf["task"]["family"] == family and conf["task"]["n"] == cfg.n
     assert checkpoint.load(a.run_dir / "checkpoints/step_000006").config.family == family
-    for s in steps:  # same seed -> identical checkpoints (bytes of every tensor)
+    for s in steps:  # same seed -> identical checkpoints (bytes of every tensor): the same computation rerun
         pa, pb = _params(a.run_dir / f"checkpoints/step_{s:06d}"), _params(b.run_dir / f"checkpoints/step_{s:06d}")
         assert all(np.array_equal(pa[k], pb[k]) for k in pa)
     assert json.loads((a.run_dir / "final_metrics.json").read_text())["step"] == 6
@@ -60,7 +60,7 @@ def test_resume_after_stop_equals_uninterrupted(tmp_path, family):
     resumed = train(cfg, tmp_path / "part", progress=False, evaluate=False)
     assert resumed.resumed_from == 3
     pf, pr = _params(full.run_dir / "checkpoints/step_000008"), _params(part.run_dir / "checkpoints/step_000008")
-    assert all(np.array_equal(pf[k], pr[k]) for k in pf)
+    assert all(np.array_equal(pf[k], pr[k]) for k in pf)  # exact: the resume continues the same computation
     losses = lambda r: [json.loads(x)["loss"] for x in (r / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
     assert losses(part.run_dir) == losses(full.run_dir)  # no duplicated or missing lines after the resume
 
