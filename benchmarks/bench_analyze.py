@@ -26,10 +26,10 @@ import numpy as np
 
 
 def make_recording(path: Path, gb: float, batch: int = 512) -> tuple[int, float]:
-    from icrl_interp import checkpoint
+    from icrl_interp.models import checkpoint
     from icrl_interp.models import theta_star_model
-    from icrl_interp.probe_spec import shipped_spec
-    from icrl_interp.recorder import PromptSource, record
+    from icrl_interp.recording.probe_spec import shipped_spec
+    from icrl_interp.recording.recorder import PromptSource, record
 
     d, n, L = 10, 40, 6
     model = theta_star_model("softmax-td", d, n_layers=L, score_scale=8.0, dtype="float32")
@@ -50,7 +50,7 @@ def read_everything(path: Path, chunk_mib: float) -> tuple[float, int]:
     import h5py
 
     from icrl_interp.analyzers import inputs
-    from icrl_interp.recording import Recording
+    from icrl_interp.recording.format import Recording
 
     t0 = time.perf_counter()
     nbytes = 0

@@ -87,7 +87,7 @@ def _warm_up() -> None:
 
 def started(workers: int):
     """(engine context, seconds to start it and import the models on every worker); serial for 0."""
-    from icrl_interp.cluster import open_engine
+    from icrl_interp.core.cluster import open_engine
 
     t0 = time.perf_counter()
     ctx = open_engine(f"local:{workers}" if workers else "serial", announce=None)

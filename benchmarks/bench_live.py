@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from bench_record import _best, _model_and_prompts, _peak_rss_kib, workload_parser
-from icrl_interp import checkpoint, probe_spec, recorder
+from icrl_interp.models import checkpoint
+from icrl_interp.recording import probe_spec, recorder
 from icrl_interp.analyzers.analyze import analyze
 from icrl_interp.analyzers.analyze import analyze_model
 from icrl_interp.models import theta_star_model

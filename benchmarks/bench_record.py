@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from icrl_interp import checkpoint, probe_spec, recorder
+from icrl_interp.models import checkpoint
+from icrl_interp.recording import probe_spec, recorder
 from icrl_interp.models import theta_star_model
 
 

@@ -9,7 +9,7 @@ The same as `examples/run_all.sh` (the command line), through the Python API:
     icrl_interp.record(model, "linear-td", "torch.h5", task_options={"d": 4, "n": 30, "layers": 3},
                        probe="examples/torch_model.toml", tasks=2048)
     icrl_interp.analyze("torch.h5")                                     # the analysis dict
-    icrl_interp.causal.causal_test(model, task, layer=0, probe=...)     # the causal section
+    icrl_interp.interventions.causal.causal_test(model, task, layer=0, probe=...)     # the causal section
 
 Writes into --out, per model X (torch, tl): X_model.safetensors, X_train.json (value errors before and
 after training), X.h5 (recording), X.json (analysis), X_causal.json (+ .png); and report/index.html.
@@ -46,9 +46,9 @@ def run_one(which: str, out: Path, *, steps: int, tasks: int, seed: int = 0, cau
             quiet: bool = False) -> dict:
     """Train, record, analyze and causally test one example model; returns what was written."""
     import icrl_interp
-    from icrl_interp.causal import SCHEMA as CAUSAL_SCHEMA, causal_test
-    from icrl_interp.construct import task_config
-    from icrl_interp.files import write_json
+    from icrl_interp.interventions.causal import SCHEMA as CAUSAL_SCHEMA, causal_test
+    from icrl_interp.models.construct import task_config
+    from icrl_interp.core.files import write_json
     from icrl_interp.models import user
 
     module = example_module(which)  # puts this folder on sys.path for train_example

@@ -1,7 +1,7 @@
 """Train an example model to predict the value of the query state on the linear-td task.
 
 The task is the one `icrl-interp record --task linear-td --d 4 --n 30 --layers 3` records on
-(`icrl_interp.construct.task_config`): randomized Boyan chains with 10 states, random features in
+(`icrl_interp.models.construct.task_config`): randomized Boyan chains with 10 states, random features in
 R^4, gamma 0.9, n = 30 context transitions and a query state. Every prompt z[batch, 31, 9] is one
 fresh chain; the last position holds the query state's features.
 
@@ -38,7 +38,7 @@ HELD_OUT_SEED = 20_000
 
 def task():
     """The linear-td task as a checkpoint config without weights (`.sample(batch, rng)`)."""
-    from icrl_interp.construct import task_config
+    from icrl_interp.models.construct import task_config
 
     return task_config(TASK, TASK_OPTIONS)
 

@@ -1,12 +1,14 @@
 """icrl_interp: which RL algorithm does a transformer's forward pass run?
 
 Importing this package stays light: it never imports torch or transformer_lens (the
-model modules do, on first use). Families are looked up in `icrl_interp.registry`.
+model modules do, on first use). Families are looked up in `icrl_interp.families.registry`.
 """
+from . import _compat
 from ._version import __version__
-from .errors import UserError
-from .layouts import Prompt, PromptLayout
-from . import envs, layouts, reference, registry
+from .core.errors import UserError
+from .tasks.layouts import Prompt, PromptLayout
+from .tasks import envs, layouts, reference
+from .families import registry
 
 
 def layout_for(family: str, d: int, m: int | None = None) -> PromptLayout:
@@ -17,8 +19,8 @@ def layout_for(family: str, d: int, m: int | None = None) -> PromptLayout:
 def record(model, task, out, **options):
     """Record `model` (any torch module taking the task's prompts, or one of the package's models) on
     `task` (a family name plus `task_options`, or a checkpoint) into the HDF5 file `out`; see
-    `icrl_interp.recorder.record_model` and docs/byom.md. Returns a RecordSummary."""
-    from .recorder import record_model
+    `icrl_interp.recording.recorder.record_model` and docs/byom.md. Returns a RecordSummary."""
+    from .recording.recorder import record_model
 
     return record_model(model, task, out, **options)
 
@@ -44,11 +46,19 @@ def analyze(path_or_model, task=None, **options) -> dict:
 def verdict(source=None, **options) -> dict:
     """Which candidate RL algorithm a model runs: the verdict JSON (`icrl_interp.verdict/1`) of a recording, or
     of a model (`model=`, with `task=` when there is no recording; then with causal evidence); see
-    `icrl_interp.causal_verdict.verdict` and docs/verdict.md."""
-    from .causal_verdict import verdict as _verdict
+    `icrl_interp.verdicts.causal_evidence.verdict` and docs/verdict.md."""
+    from .verdicts.causal_evidence import verdict as _verdict
 
     return _verdict(source, **options)
 
 
 __all__ = ["__version__", "UserError", "PromptLayout", "Prompt", "layout_for", "envs", "layouts", "reference",
            "registry", "record", "analyze", "verdict"]
+
+
+_compat.install()
+
+
+def __getattr__(name: str):
+    """Old flat names (`icrl_interp.recorder`, ...) for one release: see icrl_interp._compat."""
+    return _compat.old_attribute(__name__, name)

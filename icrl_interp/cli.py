@@ -12,7 +12,7 @@ import importlib
 import sys
 
 from ._version import __version__
-from .errors import UserError, one_line
+from .core.errors import UserError, one_line
 
 # name -> (module, one-line help). Add a line here when a command lands.
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -4,7 +4,7 @@
 
 For each feature map, 2048 prompts of the SARSA training distribution (9 states x 4 actions, gamma 0.5,
 n = 64, w ~ N(0, 0.25 I), uniform behaviour) and the smallest / largest eigenvalues of the second moments
-`icrl_interp.sampling.excitation` measures: E[x x^T] of the transition columns, the Bellman regression
+`icrl_interp.tasks.sampling.excitation` measures: E[x x^T] of the transition columns, the Bellman regression
 matrix E[R^T R] (R = (1/n) sum phi_i x_i^T), the TD target E[b b^T] (b = (1/n) sum x_i delta_i), and the
 one-hot blind direction u^T E[x x^T] u / u^T u. With uniform behaviour w is independent of the trajectory,
 so the Gauss-Newton curvature of the teacher-mimicking loss at theta* is alpha^2 E[R^T R] (x) E[w~ w~^T] on
@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-from icrl_interp import sampling
-from icrl_interp.families import sarsa_training as S
+from icrl_interp.tasks import sampling
+from icrl_interp.train.recipes import sarsa as S
 from icrl_interp.train import config_for
 
 MAPS = [

@@ -18,7 +18,7 @@ mixture), ac-onehot (one-hot actor-critic, critic step 0.25, with the fix), weak
 
 For each seed the row's training config is trained with the package's trainer (`icrl_interp.train.train`),
 the final checkpoint is exported to OUT/ROW/seedK/model, and it is run in closed loop on 100 held-out MDPs
-(`icrl_interp.control.evaluate`, rewards N(0, 1) as the paper's scale, t = 1000, the same MDPs for every
+(`icrl_interp.train.control.evaluate`, rewards N(0, 1) as the paper's scale, t = 1000, the same MDPs for every
 seed and row). Everything a row measured goes to OUT/ROW/seedK/result.json (metrics, times); the control
 result to control.json. Times: wall and CPU of this process, training and control separately.
 """
@@ -99,7 +99,8 @@ def loss_shape(run_dir: Path) -> dict:
 
 
 def run_row(row: str, seeds: list[int], out: Path, control_kw: dict) -> None:
-    from icrl_interp import checkpoint, control
+    from icrl_interp.models import checkpoint
+    from icrl_interp.train import control
     from icrl_interp.train import config_for, train
     from icrl_interp.train.trainer import build, export_final
 

@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from torch_model import ValueTransformer  # noqa: E402
 
-from icrl_interp import candidates as C  # noqa: E402
-from icrl_interp.analyzers import verdict as VD  # noqa: E402
-from icrl_interp.construct import task_config  # noqa: E402
+from icrl_interp.verdicts import candidates as C  # noqa: E402
+from icrl_interp.verdicts import behaviour as VD  # noqa: E402
+from icrl_interp.models.construct import task_config  # noqa: E402
 
 TASK = "linear-td"
 OPTIONS = {"d": 3, "n": 16, "layers": 2}

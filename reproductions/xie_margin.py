@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from icrl_interp import checkpoint
-from icrl_interp.families import softmax_td_training as X
+from icrl_interp.models import checkpoint
+from icrl_interp.train.recipes import softmax_td as X
 from icrl_interp.models.build import empty_model
 from icrl_interp.train import config_from_dict, list_checkpoints
 

@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from icrl_interp import envs
-from icrl_interp.errors import UserError
+from icrl_interp.tasks import envs
+from icrl_interp.core.errors import UserError
 
 
 def boyan(batch=8, n_states=6, d=3, gamma=0.9, seed=0, **kw) -> envs.MRPBatch:
@@ -94,7 +94,8 @@ def support(M: np.ndarray) -> set[tuple[int, int]]:
 def theta_star_setup(n: int):
     """(Wang's θ* with d = 3 and two layers, its format-2 checkpoint config on Boyan chains with `n`
     transitions and 6 states, the shipped linear-td probe spec): the recorder tests' small model."""
-    from icrl_interp import checkpoint, probe_spec
+    from icrl_interp.models import checkpoint
+    from icrl_interp.recording import probe_spec
     from icrl_interp.models import theta_star_model
 
     model = theta_star_model("linear-td", d=3, n_layers=2, alpha=0.7)

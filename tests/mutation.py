@@ -1,7 +1,7 @@
 """The project's mutation run: one-line mutants of the package, each run against the tests that cover it.
 
     .venv/bin/python tests/mutation.py --group integrity --max 120 --out /tmp/mut.json
-    .venv/bin/python tests/mutation.py --modules 'icrl_interp/analyzers/verdict.py' --max 40 --out /tmp/x.json
+    .venv/bin/python tests/mutation.py --modules 'icrl_interp/verdicts/behaviour.py' --max 40 --out /tmp/x.json
     .venv/bin/python tests/mutation.py --out /tmp/x.json --report          # scores and survivors, no runs
 
 How it works (docs/development.md, "Mutation run"):
@@ -49,41 +49,41 @@ EXCLUDED_FILE = ROOT / "tests" / "mutation_excluded.json"
 
 GROUPS: dict[str, list[str]] = {
     # selectors: a module path glob, optionally `::` and a glob over the enclosing qualified name
-    "science": ["icrl_interp/reference.py", "icrl_interp/candidates.py", "icrl_interp/analyzers/*.py",
-                "icrl_interp/families/*.py", "icrl_interp/causal.py"],
-    "baselines": ["icrl_interp/analyzers/verdict.py", "icrl_interp/causal_verdict.py",
-                  "icrl_interp/analyzers/td_probe.py", "icrl_interp/causal.py::*baseline*",
-                  "icrl_interp/causal.py::*permut*", "icrl_interp/causal.py::*null*"],
-    "integrity": ["icrl_interp/files.py", "icrl_interp/outputs.py", "icrl_interp/recording.py",
-                  "icrl_interp/shards.py", "icrl_interp/checkpoint.py",
-                  "icrl_interp/recorder.py::_prepare*", "icrl_interp/recorder.py::_record_file",
-                  "icrl_interp/recorder.py::_record_sharded*", "icrl_interp/recorder.py::_stream",
-                  "icrl_interp/recorder.py::ShardSource*",
+    "science": ["icrl_interp/tasks/reference.py", "icrl_interp/verdicts/candidates.py", "icrl_interp/analyzers/*.py",
+                "icrl_interp/families/*.py", "icrl_interp/interventions/causal.py"],
+    "baselines": ["icrl_interp/verdicts/behaviour.py", "icrl_interp/verdicts/causal_evidence.py",
+                  "icrl_interp/analyzers/td_probe.py", "icrl_interp/interventions/causal.py::*baseline*",
+                  "icrl_interp/interventions/causal.py::*permut*", "icrl_interp/interventions/causal.py::*null*"],
+    "integrity": ["icrl_interp/core/files.py", "icrl_interp/core/outputs.py", "icrl_interp/recording/format.py",
+                  "icrl_interp/recording/shards.py", "icrl_interp/models/checkpoint.py",
+                  "icrl_interp/recording/recorder.py::_prepare*", "icrl_interp/recording/recorder.py::_record_file",
+                  "icrl_interp/recording/recorder.py::_record_sharded*", "icrl_interp/recording/recorder.py::_stream",
+                  "icrl_interp/recording/recorder.py::ShardSource*",
                   "icrl_interp/train/trainer.py::list_checkpoints", "icrl_interp/train/trainer.py::save_checkpoint",
                   "icrl_interp/train/trainer.py::load_resume_state", "icrl_interp/train/trainer.py::_truncate_metrics",
                   "icrl_interp/train/trainer.py::is_run_dir"],
-    "live-cli": ["icrl_interp/live.py", "icrl_interp/commands/*.py", "icrl_interp/cli.py"],
+    "live-cli": ["icrl_interp/recording/live.py", "icrl_interp/commands/*.py", "icrl_interp/cli.py"],
 }
-"""Module groups of the score. A mutant counts in every group whose selector it matches; a module
-glob skips `*_training.py` homes (the torch halves) under families/ (science names the numpy homes)."""
-SCIENCE_SKIP = "icrl_interp/families/*_training.py"
+"""Module groups of the score. A mutant counts in every group whose selector it matches; the glob
+over families/ skips the registry (science names the numpy homes of the families)."""
+SCIENCE_SKIP = "icrl_interp/families/registry.py"
 
 OVERRIDES: dict[str, list[str]] = {
     # tests that exercise a module without importing it (through the CLI, a reader, a writer ...)
-    "icrl_interp/files.py": ["tests/test_files.py", "tests/test_recording_integrity.py", "tests/test_checkpoint.py",
-                             "tests/commands/test_bad_inputs.py", "tests/probes/test_shards.py"],
-    "icrl_interp/outputs.py": ["tests/test_files.py", "tests/commands/test_bad_inputs.py", "tests/test_cli.py",
-                               "tests/test_checkpoint.py", "tests/commands/test_construct.py",
+    "icrl_interp/core/files.py": ["tests/core/test_files.py", "tests/recording/test_recording_integrity.py", "tests/models/test_checkpoint.py",
+                             "tests/commands/test_bad_inputs.py", "tests/recording/test_shards.py"],
+    "icrl_interp/core/outputs.py": ["tests/core/test_files.py", "tests/commands/test_bad_inputs.py", "tests/test_cli.py",
+                               "tests/models/test_checkpoint.py", "tests/commands/test_construct.py",
                                "tests/commands/test_train.py", "tests/report/test_report_batch.py"],
-    "icrl_interp/recording.py": ["tests/test_recording_integrity.py", "tests/probes/test_recording.py",
-                                 "tests/probes/test_shards.py", "tests/probes/test_recorder.py",
+    "icrl_interp/recording/format.py": ["tests/recording/test_recording_integrity.py", "tests/recording/test_recording.py",
+                                 "tests/recording/test_shards.py", "tests/recording/test_recorder.py",
                                  "tests/analyzers/test_format_v1.py", "tests/commands/test_bad_inputs.py"],
-    "icrl_interp/shards.py": ["tests/probes/test_shards.py", "tests/test_recording_integrity.py"],
-    "icrl_interp/checkpoint.py": ["tests/test_checkpoint.py", "tests/commands/test_bad_inputs.py",
+    "icrl_interp/recording/shards.py": ["tests/recording/test_shards.py", "tests/recording/test_recording_integrity.py"],
+    "icrl_interp/models/checkpoint.py": ["tests/models/test_checkpoint.py", "tests/commands/test_bad_inputs.py",
                                   "tests/commands/test_construct.py", "tests/analyzers/test_format_v1.py"],
-    "icrl_interp/recorder.py": ["tests/probes/test_recorder.py", "tests/probes/test_shards.py",
-                                "tests/probes/test_byom_record.py", "tests/test_recording_integrity.py"],
-    "icrl_interp/live.py": ["tests/analyzers/test_live.py", "tests/commands/test_bad_inputs.py"],
+    "icrl_interp/recording/recorder.py": ["tests/recording/test_recorder.py", "tests/recording/test_shards.py",
+                                "tests/recording/test_byom_record.py", "tests/recording/test_recording_integrity.py"],
+    "icrl_interp/recording/live.py": ["tests/analyzers/test_live.py", "tests/commands/test_bad_inputs.py"],
     "icrl_interp/cli.py": ["tests/test_cli.py", "tests/commands/test_bad_inputs.py"],
     "icrl_interp/commands/*.py": ["tests/test_cli.py", "tests/commands/test_bad_inputs.py"],
     "icrl_interp/train/trainer.py": ["tests/train/test_trainer.py", "tests/commands/test_train.py"],
@@ -92,19 +92,19 @@ OVERRIDES: dict[str, list[str]] = {
 ONLY: dict[str, list[str]] = {
     # modules imported by a great many tests (to build fixtures): their map is these files (plus the
     # name-matched ones), not every importer; a baseline of two dozen files costs half an hour
-    "icrl_interp/checkpoint.py": ["tests/test_checkpoint.py", "tests/commands/test_bad_inputs.py",
+    "icrl_interp/models/checkpoint.py": ["tests/models/test_checkpoint.py", "tests/commands/test_bad_inputs.py",
                                   "tests/commands/test_construct.py", "tests/commands/test_inspect.py",
                                   "tests/analyzers/test_format_v1.py", "tests/train/test_trainer.py"],
-    "icrl_interp/recording.py": ["tests/probes/test_recording.py", "tests/probes/test_shards.py",
-                                 "tests/probes/test_shards_refused.py", "tests/probes/test_recorder.py",
+    "icrl_interp/recording/format.py": ["tests/recording/test_recording.py", "tests/recording/test_shards.py",
+                                 "tests/recording/test_shards_refused.py", "tests/recording/test_recorder.py",
                                  "tests/analyzers/test_format_v1.py", "tests/commands/test_bad_inputs.py",
-                                 "tests/test_recording_integrity.py"],
-    "icrl_interp/files.py": ["tests/test_files.py", "tests/test_recording_integrity.py", "tests/test_checkpoint.py",
-                             "tests/commands/test_bad_inputs.py", "tests/probes/test_shards.py",
+                                 "tests/recording/test_recording_integrity.py"],
+    "icrl_interp/core/files.py": ["tests/core/test_files.py", "tests/recording/test_recording_integrity.py", "tests/models/test_checkpoint.py",
+                             "tests/commands/test_bad_inputs.py", "tests/recording/test_shards.py",
                              "tests/report/test_report_dir.py"],
-    "icrl_interp/recorder.py": ["tests/probes/test_recorder.py", "tests/probes/test_shards.py",
-                                "tests/probes/test_shards_refused.py", "tests/probes/test_shard_kills.py",
-                                "tests/probes/test_byom_record.py", "tests/test_recording_integrity.py",
+    "icrl_interp/recording/recorder.py": ["tests/recording/test_recorder.py", "tests/recording/test_shards.py",
+                                "tests/recording/test_shards_refused.py", "tests/recording/test_shard_kills.py",
+                                "tests/recording/test_byom_record.py", "tests/recording/test_recording_integrity.py",
                                 "tests/analyzers/test_live.py", "tests/commands/test_bad_inputs.py"],
 }
 """Modules whose test map is exactly the listed files (those that exist) plus the name-matched ones."""
@@ -938,7 +938,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modules", nargs="+", default=[], metavar="GLOB",
-                    help="module path globs, optionally PATH::QUALNAME-GLOB (e.g. 'icrl_interp/recorder.py::_stream')")
+                    help="module path globs, optionally PATH::QUALNAME-GLOB (e.g. 'icrl_interp/recording/recorder.py::_stream')")
     ap.add_argument("--group", nargs="+", default=[], choices=sorted(GROUPS), help="the modules of score groups")
     ap.add_argument("--max", type=int, default=None, help="sample at most N mutants (deterministic in --seed)")
     ap.add_argument("--seed", type=int, default=0)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import icrl_interp
-from icrl_interp import cli, envs
+from icrl_interp import cli
+from icrl_interp.tasks import envs
 
 SCRIPT = Path(sys.executable).with_name("icrl-interp")
 

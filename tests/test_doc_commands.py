@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from icrl_interp import cli, registry
+from icrl_interp import cli
+from icrl_interp.families import registry
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "examples" / "README.md"]
@@ -273,7 +274,7 @@ def test_report_inspect_control_construct_train_envs(work, tmp_path, capsys):
     run(["inspect", str(work / "ck")])
     run(["control", str(REPO / "data" / "checkpoints" / "sarsa"), "--mdps", "2", "--steps", "2", "--no-progress",
          "--json", str(tmp_path / "ctl.json")])
-    assert _json(tmp_path / "ctl.json")["schema"].startswith("icrl_interp.control")
+    assert _json(tmp_path / "ctl.json")["schema"].startswith("icrl_interp.control/")
     run(["construct", "actor-critic", "--out", str(tmp_path / "ac"), "--states", "2", "--actions", "2", "--n", "6"])
     run(["train", "sarsa", "--out", str(tmp_path / "run"), "--n-states", "2", "--n-actions", "2", "--n", "8",
          "--batch", "4", "--eval-tasks", "4", "--steps", "2", "--no-progress", "--no-eval"])

@@ -1,9 +1,11 @@
 """The package's import graph: no circles, nothing imported from a higher layer, no family name
 outside the registry and the family homes.
 
-Every `import` statement counts, also the ones inside functions (a lazy import is still a
-dependency). Data flows one way: tasks -> prompts/reference -> families -> models -> probes ->
-analyzers -> training/control -> report -> CLI. LAYERS below is the one table of layers.
+The folders of `icrl_interp/` are its layers (docs/development.md, "Layers"): a module belongs to the layer of
+the folder it is in, and may import its own layer and the ones below. Every `import` statement counts,
+also the ones inside functions (a lazy import is still a dependency). Data flows one way: core ->
+tasks -> families -> models -> recording -> analyzers -> interventions -> verdicts -> train -> report
+-> commands. LAYERS below is the one table of layers.
 """
 from __future__ import annotations
 
@@ -15,28 +17,16 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "icrl_interp"
 
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("icrl_interp._version", "icrl_interp.errors", "icrl_interp.validate", "icrl_interp.files", "icrl_interp.heap",
-              "icrl_interp.resources", "icrl_interp.cli_fields", "icrl_interp.outputs", "icrl_interp.devices",
-              "icrl_interp.cluster", "icrl_interp.faults")),
-    ("tasks", ("icrl_interp.envs", "icrl_interp.layouts")),
-    ("algorithms", ("icrl_interp.reference", "icrl_interp.sampling", "icrl_interp.candidates")),
-    ("families", ("icrl_interp.registry", "icrl_interp.families", "icrl_interp.families.*[!g]")),
-    ("models", ("icrl_interp.models", "icrl_interp.models.*", "icrl_interp.checkpoint", "icrl_interp.construct")),
-    ("probes", ("icrl_interp.budget", "icrl_interp.probe_spec", "icrl_interp.capture", "icrl_interp.recording", "icrl_interp.recorder",
-                "icrl_interp.live", "icrl_interp.shards")),
-    ("analyzers", ("icrl_interp.analyzers", "icrl_interp.analyzers.*")),
-    ("interventions", ("icrl_interp.causal", "icrl_interp.causal.*", "icrl_interp.causal_verdict")),
-    ("training", ("icrl_interp.train", "icrl_interp.train.*", "icrl_interp.families.*_training",
-                  "icrl_interp.control")),
-    ("report", ("icrl_interp.report", "icrl_interp.report.*", "icrl_interp.demo")),
-    ("cli", ("icrl_interp.commands", "icrl_interp.commands.*", "icrl_interp.cli", "icrl_interp")),
-]
-"""(layer, module patterns), lowest first; a module may import its own layer and the ones below.
-The torch half of a family (`families.<name>_training`) sits with training, its numpy home with
-the families (the pattern '*[!g]' keeps '*_training' out of that layer)."""
+LAYERS: list[str] = ["core", "tasks", "families", "models", "recording", "analyzers", "interventions", "verdicts",
+                     "train", "report", "commands"]
+"""The folders of icrl_interp/, lowest layer first."""
+TOP_LEVEL = {"icrl_interp._version": "core", "icrl_interp._compat": "core", "icrl_interp.cli": "commands",
+             "icrl_interp": "commands"}
+"""The few modules beside the folders, and the layer each belongs to: the version and the compatibility
+table of old import paths (which imports nothing of the package) with the core, the console script
+and the package's own `__init__` (the public API: it reaches into every layer) at the top."""
 
-FAMILY_HOMES = ("icrl_interp.registry", "icrl_interp.families.*")
+FAMILY_HOMES = ("icrl_interp.families.registry", "icrl_interp.families.*")
 """The only modules where a family name may appear as a string literal."""
 
 
@@ -74,10 +64,12 @@ def imports(path: Path, name: str, known: set[str]) -> set[str]:
 
 
 def layer_of(name: str) -> int:
-    for i, (_, patterns) in enumerate(LAYERS):
-        if any(fnmatch.fnmatchcase(name, p) for p in patterns):
-            return i
-    raise AssertionError(f"module {name} is in no layer: add it to LAYERS in {__file__}")
+    if name in TOP_LEVEL:
+        return LAYERS.index(TOP_LEVEL[name])
+    folder = name.split(".")[1]
+    if folder not in LAYERS:
+        raise AssertionError(f"module {name} is in no layer: a folder of icrl_interp/ missing from LAYERS in {__file__}")
+    return LAYERS.index(folder)
 
 
 def graph() -> dict[str, set[str]]:
@@ -126,14 +118,21 @@ def test_no_import_circles():
     assert cycles(graph()) == []
 
 
+def test_the_folders_are_the_layers():
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert folders - {"_shipped"} == set(LAYERS)
+    top = {module_name(p) for p in PACKAGE.glob("*.py")}
+    assert top == set(TOP_LEVEL), "a new top-level module: put it in the folder of its layer"
+
+
 def test_no_upward_imports():
-    bad = [f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
+    bad = [f"{a} ({LAYERS[layer_of(a)]}) imports {b} ({LAYERS[layer_of(b)]})"
            for a, deps in sorted(graph().items()) for b in sorted(deps) if layer_of(b) > layer_of(a)]
     assert bad == []
 
 
 def test_family_names_only_in_the_registry_and_homes():
-    from icrl_interp import registry
+    from icrl_interp.families import registry
 
     names = set(registry.names())
     found = []
@@ -166,8 +165,15 @@ def test_checker_finds_a_circle_and_its_members():
 
 
 @pytest.mark.parametrize("name, layer", [("icrl_interp.families.sarsa", "families"),
-                                         ("icrl_interp.families.sarsa_training", "training"),
+                                         ("icrl_interp.train.recipes.sarsa", "train"),
                                          ("icrl_interp.analyzers.kernel", "analyzers"),
-                                         ("icrl_interp", "cli")])
+                                         ("icrl_interp.recording", "recording"),
+                                         ("icrl_interp._compat", "core"),
+                                         ("icrl_interp", "commands")])
 def test_layer_table(name, layer):
-    assert LAYERS[layer_of(name)][0] == layer
+    assert LAYERS[layer_of(name)] == layer
+
+
+def test_a_module_outside_the_layers_is_named():
+    with pytest.raises(AssertionError, match="icrl_interp.extras.x is in no layer"):
+        layer_of("icrl_interp.extras.x")

@@ -81,10 +81,10 @@ def test_the_sample_is_deterministic_and_stable_under_unrelated_mutants():
 
 def test_the_map_follows_names_imports_and_overrides():
     tmap = M.module_tests(M.ROOT)
-    assert "tests/test_files.py" in tmap["icrl_interp/files.py"]
-    assert "tests/probes/test_shards_refused.py" in tmap["icrl_interp/shards.py"]  # test_<name>_*
-    assert "tests/test_outputs.py" in tmap["icrl_interp/outputs.py"]
-    assert "tests/test_live_rows.py" in tmap["icrl_interp/live.py"]
+    assert "tests/core/test_files.py" in tmap["icrl_interp/core/files.py"]
+    assert "tests/recording/test_shards_refused.py" in tmap["icrl_interp/recording/shards.py"]  # test_<name>_*
+    assert "tests/core/test_outputs.py" in tmap["icrl_interp/core/outputs.py"]
+    assert "tests/recording/test_live_rows.py" in tmap["icrl_interp/recording/live.py"]
     assert not any(t in M.NEVER for ts in tmap.values() for t in ts)
 
 

@@ -26,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from icrl_interp import demo, probe_spec, resources
+from icrl_interp.report import demo
+from icrl_interp.recording import probe_spec
+from icrl_interp.core import resources
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -156,8 +158,8 @@ def test_sdist_carries_probe_specs_and_checkpoints(source, tmp_path):
 
 
 def test_installed_wheel_is_imported_from_the_venv(venv, tmp_path):
-    code = ("import json, icrl_interp, icrl_interp.demo as d, icrl_interp.probe_spec as p, "
-            "icrl_interp.resources as r; print(json.dumps({'package': icrl_interp.__file__, "
+    code = ("import json, icrl_interp, icrl_interp.report.demo as d, icrl_interp.recording.probe_spec as p, "
+            "icrl_interp.core.resources as r; print(json.dumps({'package': icrl_interp.__file__, "
             "'probes': str(r.probes_dir()), 'checkpoints': str(r.checkpoints_dir()), "
             "'SPEC_DIR': str(p.SPEC_DIR), 'DATA_DIR': str(d.DATA_DIR)}))")
     out = _run([venv / "bin" / "python", "-c", code], "importing the installed wheel", timeout=60, cwd=tmp_path)

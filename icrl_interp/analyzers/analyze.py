@@ -28,7 +28,7 @@ fails never drops the others. `sections` sums this up per section and `status_of
 status of a report row ('ok', 'partial', 'nothing analyzed').
 
 `analyze_model(model, task)` is the live analysis: the model runs over the prompts `icrl_interp.record`
-would record and the same analyzers read the stream of batches (`icrl_interp.live`); the result is the
+would record and the same analyzers read the stream of batches (`icrl_interp.recording.live`); the result is the
 analysis of that recording, field for field, except `source` (the model's name), `kind` ('live') and
 the extra `live` object (docs/analyzers.md, "Live analysis").
 
@@ -50,10 +50,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import registry
-from ..errors import ModelFault, UserError
-from ..files import json_clean
-from ..layouts import PromptLayout
+from ..families import registry
+from ..core.errors import ModelFault, UserError
+from ..core.files import json_clean
+from ..tasks.layouts import PromptLayout
 from . import convergence, inputs, readout as R, streams as S, weights
 
 SCHEMA = "icrl_interp.analysis/1"
@@ -171,7 +171,7 @@ def theta_for_layout(family: str, layout: PromptLayout, params: dict, gamma: flo
     """theta* of a family at the dimensions of `layout` for every layer of `params` (TL weights: no
     checkpoint config; the family's constants at their defaults)."""
     from ..models.config import CheckpointConfig, ModelConfig
-    from ..sampling import TaskSpec
+    from ..tasks.sampling import TaskSpec
 
     fam = registry.get(family)
     d, m = inputs.family_dims(family, layout)
@@ -242,7 +242,7 @@ def _header(path, kind, subject: Subject, config, layout) -> dict:
 
 # ------------------------------------------------------------ checkpoints
 def _analyze_checkpoint(path: Path, opts: AnalyzeOptions) -> dict:
-    from .. import checkpoint  # light: safetensors.numpy + JSON, no torch
+    from ..models import checkpoint  # light: safetensors.numpy + JSON, no torch
 
     if opts.live_tasks:
         return _live_checkpoint(path, opts)
@@ -268,7 +268,7 @@ def _live_checkpoint(path: Path, opts: AnalyzeOptions) -> dict:
     of the recording `icrl-interp record CKPT --tasks N` would write, with `kind` 'checkpoint'."""
     from dataclasses import replace
 
-    from .. import checkpoint
+    from ..models import checkpoint
 
     if isinstance(opts.live_tasks, bool) or not isinstance(opts.live_tasks, int) or opts.live_tasks < 0:
         raise UserError(f"live_tasks must be a non-negative integer, got {opts.live_tasks!r}")
@@ -297,8 +297,8 @@ def analyze_model(model, task, *, task_options: dict | None = None, probe=None, 
     and readouts' baseline), 'none' does not. `out`: also write the recording there, in the same pass
     (`record --also-analyze`). `options`: the analysis knobs (`AnalyzeOptions`). `device`: where the
     model runs ('cpu', 'cuda', 'auto'; None: where it is); the analyzers run on the CPU."""
-    from ..live import open_live  # torch: only when a model is run
-    from ..recorder import spec_and_source
+    from ..recording.live import open_live  # torch: only when a model is run
+    from ..recording.recorder import spec_and_source
 
     opts = options or AnalyzeOptions()
     spec, source = spec_and_source(model, task, task_options=task_options, probe=probe, tasks=tasks, seed=seed,
@@ -366,7 +366,7 @@ def _fits(params: dict, layout) -> bool:
 
 # ------------------------------------------------------------- recordings
 def _analyze_recording(path: Path, opts: AnalyzeOptions) -> dict:
-    from ..recording import Recording
+    from ..recording.format import Recording
 
     with Recording(path) as rec:
         return analyze_open(rec, opts)
@@ -856,7 +856,7 @@ def analyze_many(paths, workers: int | None = None, options: AnalyzeOptions | No
     per input, in input order. They run on `scheduler` (`cluster.parse_scheduler`: serial, local[:N],
     tcp://HOST:PORT); None = a local Dask cluster of `workers` processes (None: one per input, at most
     the CPUs) when there is more than one input, else in this process (docs/cluster.md)."""
-    from ..cluster import choose_scheduler, open_engine
+    from ..core.cluster import choose_scheduler, open_engine
 
     items = inputs.expand_inputs([str(p) for p in paths])
     opts = asdict(options or AnalyzeOptions())

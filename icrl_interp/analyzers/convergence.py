@@ -11,8 +11,8 @@ import math
 import numpy as np
 from jaxtyping import Float, Int
 
-from ..errors import UserError
-from ..layouts import PromptLayout
+from ..core.errors import UserError
+from ..tasks.layouts import PromptLayout
 
 Array = np.ndarray
 

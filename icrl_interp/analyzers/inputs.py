@@ -19,9 +19,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .. import registry
-from ..errors import UserError
-from ..layouts import PromptLayout
+from ..families import registry
+from ..core.errors import UserError
+from ..tasks.layouts import PromptLayout
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 RECORDING_SUFFIXES = (".h5", ".hdf5")
@@ -301,8 +301,8 @@ def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False) -> Ite
     """
     from tqdm.auto import tqdm
 
-    from ..heap import release_free_memory
-    from ..recording import BF16, bf16_to_float32
+    from ..core.heap import release_free_memory
+    from ..recording.format import BF16, bf16_to_float32
 
     N = rec.n_prompts
     handles = {}

@@ -220,7 +220,7 @@ def held_out(task: np.ndarray, seed: int, test_fraction: float) -> np.ndarray:
 
 
 def _decode(ds, raw: np.ndarray) -> np.ndarray:
-    from ..recording import BF16, bf16_to_float32
+    from ..recording.format import BF16, bf16_to_float32
 
     dtype = ds.attrs.get("dtype", "")
     return bf16_to_float32(raw) if (dtype.decode() if isinstance(dtype, bytes) else str(dtype)) == BF16 else raw

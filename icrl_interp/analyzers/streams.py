@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from ..errors import UserError
-from ..layouts import PromptLayout
-from ..registry import Hints
+from ..core.errors import UserError
+from ..tasks.layouts import PromptLayout
+from ..families.registry import Hints
 from . import convergence, inputs, kernel, td_probe, td_step, weights
 
 
@@ -416,7 +416,7 @@ def read_rows(rec, paths: list[str], rows: np.ndarray, chunk: int):
 def read_at(rec, paths: list[str], idx: np.ndarray) -> dict:
     """{path: rows idx} (sorted, unique): one slice when they are dense (>= 1/16 of their span), else
     by index; bfloat16 decoded."""
-    from ..recording import BF16, bf16_to_float32
+    from ..recording.format import BF16, bf16_to_float32
 
     lo, hi = int(idx[0]), int(idx[-1]) + 1
     data = {}

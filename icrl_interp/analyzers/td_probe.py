@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from jaxtyping import Bool, Float, Int
 
-from ..errors import UserError
+from ..core.errors import UserError
 
 Array = np.ndarray
 

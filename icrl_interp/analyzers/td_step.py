@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from jaxtyping import Float, Int
 
-from ..errors import UserError
+from ..core.errors import UserError
 from . import convergence
 from .td_probe import _task_uniform
 

@@ -16,10 +16,10 @@ import re
 import numpy as np
 from jaxtyping import Bool, Float
 
-from .. import registry
-from ..errors import UserError
-from ..layouts import PromptLayout
-from ..registry import BlockFit, Hints, ValueRowFit
+from ..families import registry
+from ..core.errors import UserError
+from ..tasks.layouts import PromptLayout
+from ..families.registry import BlockFit, Hints, ValueRowFit
 
 Array = np.ndarray
 

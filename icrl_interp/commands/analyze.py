@@ -9,7 +9,7 @@ from . import task_options
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..analyzers import AnalyzeOptions
-    from ..cli_fields import add_fields
+    from ..core.cli_fields import add_fields
 
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="checkpoint directory, HDF5 recording, TL .safetensors weights, or a directory of them "
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="run each checkpoint (or --model on --task) and feed the analyzers from the forward pass: "
                            "the analysis of the recording `record` would write, without writing it")
     task_options.add_prompts(live, seed_flag="--prompt-seed")
-    from .. import devices
+    from ..core import devices
 
     devices.add_argument(live)
     task_options.add(p)
@@ -106,19 +106,19 @@ def _readout_lines(ro: dict | None) -> list[str]:
 
 
 def run(args) -> int:
-    from .. import registry
+    from ..families import registry
     from ..analyzers import AnalyzeOptions, analyze_many
     from ..analyzers.inputs import read_layout_file
-    from ..cli_fields import build, given
-    from ..errors import UserError
-    from ..files import write_json
-    from ..outputs import check_finite, output_file
+    from ..core.cli_fields import build, given
+    from ..core.errors import UserError
+    from ..core.files import write_json
+    from ..core.outputs import check_finite, output_file
 
     values = {"progress": sys.stderr.isatty(), **given(args, args._fields)}
     if args.workers is not None and args.workers < 1:
         raise UserError("--workers must be at least 1")
     if args.scheduler is not None:
-        from ..cluster import parse_scheduler
+        from ..core.cluster import parse_scheduler
 
         parse_scheduler(args.scheduler)  # a bad value fails before any work
     if values.get("seed", 0) < 0:
@@ -174,7 +174,7 @@ def run(args) -> int:
 
 def _live_only(args) -> list[str]:
     """The --live options the user gave (flags as typed)."""
-    from .. import devices
+    from ..core import devices
 
     device = ["--device"] if args.device != devices.DEFAULT else []
     return task_options.given_flags(args, task_options.PROMPT_OPTIONS) + device
@@ -182,14 +182,14 @@ def _live_only(args) -> list[str]:
 
 def _live_rows(args, opts) -> list[dict]:
     """One live analysis per checkpoint (its own task), or of --model on --task."""
-    from .. import checkpoint
+    from ..models import checkpoint
     from ..analyzers.analyze import analyze_model
     from ..analyzers.inputs import is_checkpoint
-    from ..errors import UserError
+    from ..core.errors import UserError
 
     if args.model is not None and args.inputs:
         raise UserError(f"give either checkpoint directories ({args.inputs[0]}) or --model, not both")
-    from .. import devices
+    from ..core import devices
 
     for path in args.inputs or [None]:  # every run's sizes, before torch is imported: a refusal is instant
         if path is None or is_checkpoint(path):

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 
-from .. import devices
+from ..core import devices
 from . import task_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..causal import BASELINES, DEFAULT_STEER, DIRECTIONS, METHODS, SITES
+    from ..interventions.causal import BASELINES, DEFAULT_STEER, DIRECTIONS, METHODS, SITES
 
     p.add_argument("checkpoint", nargs="?", help="checkpoint directory (model.safetensors + config.json); "
                    "or use --model with --task")
@@ -114,9 +114,9 @@ def _baseline_table(base: dict) -> str:
 
 
 def run(args) -> int:
-    from ..causal import SCHEMA, causal_test
-    from ..files import write_json
-    from ..outputs import output_file
+    from ..interventions.causal import SCHEMA, causal_test
+    from ..core.files import write_json
+    from ..core.outputs import output_file
 
     inputs = task_options.input_files(args)
     if args.json:

@@ -9,8 +9,8 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .. import registry
-    from ..cli_fields import add_fields
+    from ..families import registry
+    from ..core.cli_fields import add_fields
 
     sub = p.add_subparsers(dest="family", metavar="FAMILY", required=True)
     for name in registry.where(lambda f: f.construct is not None and f.theta_star is not None):
@@ -23,11 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from .. import checkpoint
-    from ..cli_fields import given
-    from ..construct import construct
-    from ..errors import UserError
-    from ..outputs import output_dir
+    from ..models import checkpoint
+    from ..core.cli_fields import given
+    from ..models.construct import construct
+    from ..core.errors import UserError
+    from ..core.outputs import output_dir
 
     if args.seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {args.seed}")

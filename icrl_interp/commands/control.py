@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import argparse
 
-from .. import devices
+from ..core import devices
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..cli_fields import add_fields
-    from ..control import ControlConfig
+    from ..core.cli_fields import add_fields
+    from ..train.control import ControlConfig
 
     p.add_argument("checkpoint", metavar="CHECKPOINT_DIR",
                    help="a checkpoint of a family with a control rule (sarsa, actor-critic): theta*, trained or user")
@@ -25,11 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from .. import control
-    from ..cli_fields import build, given
-    from ..errors import UserError
-    from ..files import atomic_path
-    from ..outputs import check_finite, mark_png, output_file
+    from ..train import control
+    from ..core.cli_fields import build, given
+    from ..core.errors import UserError
+    from ..core.files import atomic_path
+    from ..core.outputs import check_finite, mark_png, output_file
 
     cfg = build(control.ControlConfig, given(args, args._fields))
     check_finite(cfg)

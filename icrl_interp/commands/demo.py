@@ -8,8 +8,8 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..cli_fields import add_fields
-    from ..demo import DemoConfig
+    from ..core.cli_fields import add_fields
+    from ..report.demo import DemoConfig
 
     p.set_defaults(_fields=add_fields(p, DemoConfig, skip=("families",)))
 
@@ -17,9 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from ..cli_fields import build, given
-    from ..demo import DemoConfig, run_demo
-    from ..errors import UserError
+    from ..core.cli_fields import build, given
+    from ..report.demo import DemoConfig, run_demo
+    from ..core.errors import UserError
 
     values = given(args, args._fields)
     if "out" in values:

@@ -16,9 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from .. import envs
-    from ..errors import UserError
-    from ..outputs import check_fits
+    from ..tasks import envs
+    from ..core.errors import UserError
+    from ..core.outputs import check_fits
 
     if args.seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {args.seed}")

@@ -13,7 +13,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import numpy as np
 
-    from .. import checkpoint
+    from ..models import checkpoint
 
     config, tensors = checkpoint.read(args.checkpoint)
     params = {

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .. import devices
+from ..core import devices
 from . import task_options
 
 
@@ -30,9 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from .. import checkpoint
-    from ..errors import UserError
-    from ..outputs import output_file
+    from ..models import checkpoint
+    from ..core.errors import UserError
+    from ..core.outputs import output_file
 
     if args.json is not None and not args.also_analyze:
         raise UserError("--json goes with --also-analyze (the analysis it writes)")
@@ -47,7 +47,7 @@ def run(args) -> int:
         output_file(args.json, "--json", inputs=[*task_options.input_files(args), args.out])
     task_options.check_sizes(args, args.checkpoint, args.out)  # before torch is imported: a refusal is instant
     devices.resolve(args.device)  # refused before the model is loaded
-    from .. import recorder
+    from ..recording import recorder
 
     model, config, name = task_options.model_and_task(args, args.checkpoint)
     sha = checkpoint.sha256(args.checkpoint) if args.model is None else ""
@@ -59,7 +59,7 @@ def run(args) -> int:
         print(summary.table())
         return 0
     from ..analyzers.analyze import analyze_model
-    from ..files import write_json
+    from ..core.files import write_json
     from .analyze import table
 
     result = analyze_model(model, config, out=args.out, name=name, progress=not args.quiet, device=args.device,

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..cli_fields import add_fields
+    from ..core.cli_fields import add_fields
     from ..report import ReportConfig
 
     p.add_argument("inputs", nargs="+", metavar="INPUT",
@@ -24,8 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..analyzers.inputs import discover
-    from ..cli_fields import build, given
-    from ..errors import UserError
+    from ..core.cli_fields import build, given
+    from ..core.errors import UserError
     from ..report import ReportConfig, build_report
     from ..report.batch import claim_out_dir, write_figure_manifest
     from ..report.headline import text_table
@@ -40,7 +40,7 @@ def run(args) -> int:
         raise UserError(f"--max-recordings must be non-negative, got {config.max_recordings}")
     config.control()  # bad --control-* values fail before any work
     if config.scheduler is not None:
-        from ..cluster import parse_scheduler
+        from ..core.cluster import parse_scheduler
 
         parse_scheduler(config.scheduler)  # a bad value fails before any work
     for found in discover(args.inputs, causal=True):
@@ -79,7 +79,7 @@ def _check_named_file(path) -> None:
     from ..analyzers.inputs import input_kind
 
     if input_kind(path) == "recording":
-        from ..recording import Recording
+        from ..recording.format import Recording
 
         with Recording(path):
             pass
@@ -89,7 +89,7 @@ def _check_named_file(path) -> None:
 def _remote_engine(scheduler: str | None):
     """The engine of a running Dask scheduler (tcp://...), connected now; None (build_report picks one) for
     the others, which need no connection (serial, or a local cluster started only when there is work)."""
-    from ..cluster import open_engine, parse_scheduler
+    from ..core.cluster import open_engine, parse_scheduler
 
     if scheduler is None or parse_scheduler(scheduler).kind != "address":
         yield None

@@ -39,9 +39,9 @@ def _status(result: dict | None) -> str:
 def run(args) -> int:
     from pathlib import Path
 
-    from ..cluster import choose_scheduler, open_engine
-    from ..files import write_json
-    from ..outputs import output_dir
+    from ..core.cluster import choose_scheduler, open_engine
+    from ..core.files import write_json
+    from ..core.outputs import output_dir
     from ..train import sweep
     from .train import check_size
 
@@ -91,9 +91,9 @@ def run(args) -> int:
 
 def _check_disk(points, out) -> None:
     """Refuse runs whose checkpoints and metrics would not fit on the disk of the sweep directory."""
-    from ..errors import UserError
-    from ..outputs import human
-    from ..outputs import free_bytes
+    from ..core.errors import UserError
+    from ..core.outputs import human
+    from ..core.outputs import free_bytes
     from .train import run_bytes
 
     need, free = sum(run_bytes(p.config) for p in points), free_bytes(out)
@@ -105,7 +105,7 @@ def _check_disk(points, out) -> None:
 
 def _report_config(fields: dict, args):
     """The batch report's ReportConfig: the grid file's [report] fields, checked before any training."""
-    from ..errors import UserError
+    from ..core.errors import UserError
     from ..report import ReportConfig
 
     config = ReportConfig(progress=not args.no_progress, **fields)

@@ -9,8 +9,8 @@ import dataclasses
 def add(p: argparse.ArgumentParser) -> None:
     """--model, --weights, --task and the union of every family's construct options (a flag a family
     lacks is refused once the family is known)."""
-    from .. import registry
-    from ..cli_fields import add_fields
+    from ..families import registry
+    from ..core.cli_fields import add_fields
 
     p.add_argument("--model", metavar="FILE.py:FUNC", help="your own model: FUNC() returns a torch.nn.Module taking the "
                    "task's prompts z[batch, pos, d_model] (FILE.py:FUNC or package.module:FUNC; docs/byom.md)")
@@ -64,7 +64,7 @@ def add_prompts(p: argparse._ActionsContainer, seed_flag: str = "--seed") -> Non
 
 def _given_options(args) -> dict:
     """The task options the user gave, of any family."""
-    from ..cli_fields import given
+    from ..core.cli_fields import given
 
     return given(args, sorted({n for names in args._task_fields.values() for n in names}))
 
@@ -76,7 +76,7 @@ def task_flags(args) -> list[str]:
 
 def values(args) -> dict:
     """The task options the user gave, checked against the chosen family's."""
-    from ..errors import UserError
+    from ..core.errors import UserError
 
     chosen = _given_options(args)
     if args.task is None:
@@ -106,9 +106,9 @@ def model_and_task(args, ckpt: str | None):
     """(model, task config, source) from the checkpoint directory `ckpt` or `--model ... --task FAMILY [task
     options]`. The checkpoint is an argument, not read from `args`: each command names its own (a positional
     of record and causal, verdict's SOURCE when it is a directory, none for analyze --live --model)."""
-    from .. import checkpoint
-    from ..construct import task_config
-    from ..errors import UserError
+    from ..models import checkpoint
+    from ..models.construct import task_config
+    from ..core.errors import UserError
 
     options = values(args)
     if args.model is None:
@@ -129,11 +129,12 @@ def model_and_task(args, ckpt: str | None):
 
 def check_sizes(args, ckpt: str | None, out=None, held: bool = False) -> None:
     """Memory per batch, disk (`out`: the recording written) and work of the run `add_prompts` describes,
-    refused before torch is imported and before the model is loaded (`icrl_interp.budget`). `held`: the
+    refused before torch is imported and before the model is loaded (`icrl_interp.recording.budget`). `held`: the
     command holds every prompt at once (`causal`): their data is one batch. Inputs that do not make a task
     are left to `model_and_task`, which names what is wrong with them."""
-    from .. import budget, checkpoint
-    from ..construct import task_config
+    from ..recording import budget
+    from ..models import checkpoint
+    from ..models.construct import task_config
 
     if args.model is not None and args.task is not None and ckpt is None:
         config, own_model = task_config(args.task, values(args)), False

@@ -12,8 +12,8 @@ import argparse
 import dataclasses
 import json
 
-from .. import devices
-from ..cli_fields import add_fields, given
+from ..core import devices
+from ..core.cli_fields import add_fields, given
 
 SKIP = ("family",)
 """Config fields that are not flags (the family is the sub-command)."""
@@ -61,7 +61,7 @@ class FamilyParser(argparse.ArgumentParser):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .. import registry
+    from ..families import registry
     from ..train.recipe import training_families
 
     sub = p.add_subparsers(dest="family", metavar="FAMILY", required=True, parser_class=FamilyParser,
@@ -76,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args):
     """The TrainConfig of the parsed arguments: --config file, then the flags given."""
-    from ..errors import UserError
+    from ..core.errors import UserError
     from ..train import config_for
     from ..train.recipe import recipe
 
@@ -109,9 +109,9 @@ SIZE_FIELDS = ("d", "n_states", "n_actions", "n", "n_layers", "batch", "tasks_pe
 
 def check_size(cfg) -> None:
     """Refuse a config whose model, batches or evaluation do not fit in memory (before anything is made)."""
-    from ..construct import LAYER_OVERHEAD
-    from ..errors import UserError
-    from ..outputs import check_fits
+    from ..models.construct import LAYER_OVERHEAD
+    from ..core.errors import UserError
+    from ..core.outputs import check_fits
     from ..train.recipe import recipe_of
 
     sizes = {k: getattr(cfg, k) for k in SIZE_FIELDS
@@ -146,8 +146,8 @@ def run_bytes(cfg) -> int:
 
 def check_disk(cfg, run_dir) -> None:
     """Refuse --steps whose checkpoints and metrics would not fit on the disk of the run directory."""
-    from ..errors import UserError
-    from ..outputs import free_bytes, human
+    from ..core.errors import UserError
+    from ..core.outputs import free_bytes, human
 
     need, free = run_bytes(cfg), free_bytes(run_dir)
     if need > free:
@@ -159,8 +159,8 @@ def check_disk(cfg, run_dir) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from ..errors import UserError
-    from ..outputs import check_finite, output_dir
+    from ..core.errors import UserError
+    from ..core.outputs import check_finite, output_dir
     from ..train import train
     from ..train.trainer import is_run_dir
 

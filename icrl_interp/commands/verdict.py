@@ -66,7 +66,7 @@ def table(v: dict) -> str:
 def _refuse_unused(args, recording: str) -> None:
     """Options a verdict on a recording would ignore are refused, naming what would use them: the recording
     brings its prompts and task; the model given with it (--model) is only edited for the causal evidence."""
-    from ..errors import UserError
+    from ..core.errors import UserError
 
     recorded = task_options.given_flags(args, ("tasks", "prompt_seed", "baseline"))
     if recorded:
@@ -82,10 +82,10 @@ def _refuse_unused(args, recording: str) -> None:
 
 
 def run(args) -> int:
-    from ..causal_verdict import verdict
-    from ..errors import UserError
-    from ..files import write_json
-    from ..outputs import output_file
+    from ..verdicts.causal_evidence import verdict
+    from ..core.errors import UserError
+    from ..core.files import write_json
+    from ..core.outputs import output_file
 
     ckpt = recording = None
     if args.source is not None:
@@ -113,7 +113,7 @@ def run(args) -> int:
     if not 0.0 < args.test_fraction < 1.0:
         raise UserError(f"--test-fraction must lie in (0, 1), got {args.test_fraction}")
     if cands is not None:
-        from ..candidates import CANDIDATES
+        from ..verdicts.candidates import CANDIDATES
 
         unknown = [c for c in cands if c not in CANDIDATES]
         if unknown or not cands:

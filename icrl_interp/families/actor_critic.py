@@ -20,9 +20,11 @@ from typing import Any
 import numpy as np
 from jaxtyping import Float, Int
 
-from .. import envs, layouts, reference, registry, sampling
-from .. import validate as V
-from ..errors import UserError
+from ..tasks import envs, layouts, reference
+from . import registry
+from ..tasks import sampling
+from ..core import validate as V
+from ..core.errors import UserError
 from . import sarsa
 
 Array = np.ndarray
@@ -302,5 +304,5 @@ FAMILY = registry.register(registry.Family(
     probe_spec="actor_critic.toml",
     construct=Construct,
     control=control,
-    training="icrl_interp.families.actor_critic_training",
+    training="icrl_interp.train.recipes.actor_critic",
 ))

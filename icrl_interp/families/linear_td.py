@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from jaxtyping import Float, Int
 
-from .. import layouts, reference, registry, sampling
-from .. import validate as V
-from ..errors import UserError
+from ..tasks import layouts, reference
+from . import registry
+from ..tasks import sampling
+from ..core import validate as V
+from ..core.errors import UserError
 
 Array = np.ndarray
 NAME = "linear-td"
@@ -167,6 +169,6 @@ FAMILY = registry.register(registry.Family(
     ),
     probe_spec="linear_td.toml",
     construct=Construct,
-    training="icrl_interp.families.linear_td_training",
+    training="icrl_interp.train.recipes.linear_td",
     init_gain_per_layer=True,
 ))

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from jaxtyping import Float, Int
 
-from .. import envs, layouts, reference, registry, sampling
-from .. import validate as V
-from ..errors import UserError
+from ..tasks import envs, layouts, reference
+from . import registry
+from ..tasks import sampling
+from ..core import validate as V
+from ..core.errors import UserError
 
 Array = np.ndarray
 NAME = "sarsa"
@@ -311,5 +313,5 @@ FAMILY = registry.register(registry.Family(
     probe_spec="sarsa.toml",
     construct=Construct,
     control=control,
-    training="icrl_interp.families.sarsa_training",
+    training="icrl_interp.train.recipes.sarsa",
 ))

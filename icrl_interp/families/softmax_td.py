@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from jaxtyping import Float, Int
 
-from .. import layouts, reference, registry, sampling
-from .. import validate as V
+from ..tasks import layouts, reference
+from . import registry
+from ..tasks import sampling
+from ..core import validate as V
 from .linear_td import boyan_task
 
 Array = np.ndarray
@@ -159,5 +161,5 @@ FAMILY = registry.register(registry.Family(
     # min_s M_pi(s, s) is about 0.99 > (1 + gamma) / 2 = 0.95
     demo={"layers": 20, "score_scale": 8.0},
     construct=Construct,
-    training="icrl_interp.families.softmax_td_training",
+    training="icrl_interp.train.recipes.softmax_td",
 ))

@@ -16,8 +16,8 @@ _LAZY = {
     "theta_star_model": ".theta",
     "register_model_class": ".build",
     "ICRLModel": ".base",
-    "LinearTDModel": ".linear_td",
-    "SoftmaxTDModel": ".softmax_td",
+    "MaskedLinearAttentionModel": ".masked_linear_attention",
+    "SoftmaxICTDModel": ".softmax_ictd",
     "LSAModel": ".lsa",
     "associative_is_cheaper": ".linear_attention",
 }
@@ -28,4 +28,6 @@ __all__ = ["ModelConfig", "CheckpointConfig", "DTYPES", *_LAZY]
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .._compat import old_attribute
+
+    return old_attribute(__name__, name)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from ..errors import UserError
+from ..core.errors import UserError
 from .config import ModelConfig
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}

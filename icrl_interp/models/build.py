@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import torch
 
-from .. import registry
+from ..families import registry
 from .base import ICRLModel
 from .config import ModelConfig
-from .linear_td import LinearTDModel
+from .masked_linear_attention import MaskedLinearAttentionModel
 from .lsa import LSAModel
-from .softmax_td import SoftmaxTDModel
+from .softmax_ictd import SoftmaxICTDModel
 
 MODEL_CLASSES: dict[str, type[ICRLModel]] = {
-    "linear-attention": LinearTDModel,
-    "softmax-ictd": SoftmaxTDModel,
+    "linear-attention": MaskedLinearAttentionModel,
+    "softmax-ictd": SoftmaxICTDModel,
     "lsa": LSAModel,
 }
 """Architecture name (registry.ARCHITECTURES) -> hooked model class."""

@@ -9,16 +9,17 @@ import math
 import numbers
 from dataclasses import asdict, dataclass, field, fields
 
-from .. import layouts, registry
-from ..sampling import PromptBatch, TaskSpec
-from ..errors import UserError
+from ..tasks import layouts
+from ..families import registry
+from ..tasks.sampling import PromptBatch, TaskSpec
+from ..core.errors import UserError
 
 DTYPES = ("float32", "float64")
 
 
 @dataclass
 class ModelConfig:
-    """Everything needed to build a model of a registered family (see `icrl_interp.registry`)."""
+    """Everything needed to build a model of a registered family (see `icrl_interp.families.registry`)."""
 
     family: str
     """Registered family whose layout and architecture the model has ('linear-td', 'softmax-td', ...)."""

@@ -20,7 +20,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from ..errors import UserError
+from ..core.errors import UserError
 from .base import AttentionParams, apply_rows, attention_hook_shapes, observed, project, weighted_values
 
 PATHS = ("auto", "quadratic", "associative")

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .. import registry
-from ..errors import UserError
+from ..families import registry
+from ..core.errors import UserError
 from .base import ICRLModel
 from .build import empty_model
 from .config import ModelConfig

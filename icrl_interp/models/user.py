@@ -16,7 +16,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from ..errors import ModelFault, UserError, one_line
+from ..core.errors import ModelFault, UserError, one_line
 
 
 def _exit(e: SystemExit) -> str:

@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import check
-from ..files import write_atomic
+from ..core.errors import check
+from ..core.files import write_atomic
 from .batch import DEFAULT_ANALYZER, ReportInput, Result, collect_inputs, run_batch, write_summaries, writing_report
 from .control_eval import ControlSettings
 

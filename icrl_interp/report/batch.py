@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable, Iterator
 
-from .. import outputs
+from ..core import outputs
 from .._version import __version__
 from ..analyzers import inputs
-from ..cluster import Engine, engine_for
-from ..errors import UserError, one_line
-from ..faults import kill_point
-from ..files import is_lock_file, locked, temporaries, write_atomic
+from ..core.cluster import Engine, engine_for
+from ..core.errors import UserError, one_line
+from ..core.faults import kill_point
+from ..core.files import is_lock_file, locked, temporaries, write_atomic
 from .control_eval import CURVE_KEY, ControlSettings, wants_control
 
 ANALYSIS_SCHEMA = "icrl_interp.analysis/1"

@@ -13,8 +13,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..files import atomic_path
-from ..outputs import FIGURE_METADATA
+from ..core.files import atomic_path
+from ..core.outputs import FIGURE_METADATA
 
 TD_COLOR = "tab:red"
 RANDOM_COLOR = "tab:gray"

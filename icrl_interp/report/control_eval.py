@@ -1,4 +1,4 @@
-"""In-context control inside the report: a small closed-loop evaluation (`icrl_interp.control`)
+"""In-context control inside the report: a small closed-loop evaluation (`icrl_interp.train.control`)
 of every checkpoint of a family with a control rule (sarsa, actor-critic, ...), stored under the analysis' `control` key.
 
 It runs in the same worker job as the input's analysis and is cached with it; the settings are
@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .. import registry
-from ..errors import one_line
+from ..families import registry
+from ..core.errors import one_line
 
 SCHEMA = "icrl_interp.report-control/1"
 MAX_CURVE_POINTS = 100
@@ -92,7 +92,7 @@ def compact(result: dict) -> dict:
 
 def evaluate(path: str, settings: ControlSettings) -> dict:
     """The `control` section for one checkpoint; never raises (the reason goes to `error`)."""
-    from .. import control
+    from ..train import control
 
     try:
         cfg = control.ControlConfig(mdps=settings.mdps, iterations=settings.iterations, seed=settings.seed)

@@ -20,8 +20,8 @@ from jaxtyping import Float
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from .. import registry
-from ..faults import kill_point
+from ..families import registry
+from ..core.faults import kill_point
 from .batch import Result
 from .causal import save
 from .fields import (control_of, get, is_theta_star, kernel_head, kernel_mins, kernel_of, label_of, last_layer, layer_values,
@@ -84,7 +84,7 @@ def attention_figure(r: Result) -> Figure | None:
     diagonal); a layer without an analysed kernel shows the mean over heads, and its title says so."""
     if r.input.kind != "recording":
         return None
-    from ..recording import Recording
+    from ..recording.format import Recording
 
     kernels = {l["layer"]: kernel_of(l) for l in layers_of(r)}
     heads = {l["layer"]: kernel_head(l) for l in layers_of(r)}
@@ -193,7 +193,7 @@ def _theta_block_norms(r: Result, theta_inputs: list[Result]) -> dict:
 
 def _theta_and_layout(r: Result, names: list[str]):
     if r.input.kind == "recording":
-        from ..recording import Recording
+        from ..recording.format import Recording
 
         with Recording(r.input.path) as rec:
             return {k: v for k, v in rec.group("theta_star").items() if k in names}, rec.layout

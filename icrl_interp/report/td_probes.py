@@ -15,7 +15,7 @@ import csv
 import io
 from pathlib import Path
 
-from ..files import write_atomic
+from ..core.files import write_atomic
 from .batch import Result
 from .fields import get, layers_of, num
 

@@ -1,6 +1,6 @@
 """Pretraining of the registered families (configs, the resumable trainer, held-out evaluation).
 
-Each family's torch half (`registry.Family.training`, e.g. `icrl_interp.families.sarsa_training`)
+Each family's torch half (`registry.Family.training`, e.g. `icrl_interp.train.recipes.sarsa`)
 holds its `TrainConfig` subclass and its `Recipe`; this package only holds generic code. Importing
 it imports neither torch nor transformer_lens: the trainer, and each family's config class (e.g.
 `from icrl_interp.train import SarsaTrainConfig`), are imported on first use.

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..errors import UserError, check
+from ..core.errors import UserError, check
 from .recipe import recipe, training_families
 
 MAX_SEED = 2**63 - 1
@@ -25,7 +25,7 @@ class TrainConfig:
     """Fields shared by every family (the optimizer, schedule, run bookkeeping)."""
 
     family: str = ""
-    """Registered family with a training recipe (`icrl_interp.registry`); set by each family's subclass."""
+    """Registered family with a training recipe (`icrl_interp.families.registry`); set by each family's subclass."""
     steps: int = 1000
     """Number of optimizer (Adam) steps."""
     seed: int = 0

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import registry
-from ..errors import UserError
+from ..families import registry
+from ..core.errors import UserError
 
 OLD_FLAGS: dict[str, tuple[str, ...]] = {
     "n_states": ("--states",),

@@ -46,8 +46,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import UserError, check, one_line
-from ..files import is_lock_file, locked, temporaries
+from ..core.errors import UserError, check, one_line
+from ..core.files import is_lock_file, locked, temporaries
 from .config import MAX_SEED, TrainConfig, config_for
 from .recipe import recipe, training_families
 
@@ -263,7 +263,7 @@ def train_point(config: dict, run_dir: str, evaluate: bool = True) -> dict:
     """The task of one point (runs on a worker): train (or resume) `config` into `run_dir`.
 
     Returns {"run_dir", "resumed_from", "final_metrics"} or {"run_dir", "error": one line}."""
-    from ..files import json_clean
+    from ..core.files import json_clean
     from .config import config_from_dict
     from .trainer import train
 

@@ -3,7 +3,7 @@
     RUN_DIR/config.json                    the full TrainConfig (+ run_id)
     RUN_DIR/metrics.jsonl                  one JSON line per `log_every` steps: step, loss, lr, wall_s (+ the
                                            recipe's `log_extras`)
-    RUN_DIR/checkpoints/step_000100/       a model checkpoint (icrl_interp.checkpoint format) every
+    RUN_DIR/checkpoints/step_000100/       a model checkpoint (icrl_interp.models.checkpoint format) every
                                            `checkpoint_every` steps, plus the resume state:
                                            optimizer.safetensors (Adam moments) and trainer_state.json
     RUN_DIR/final_metrics.json             held-out evaluation of the final model
@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import devices
-from ..errors import UserError, check, one_line
-from ..faults import kill_point
-from ..files import atomic_dir, write_atomic
-from ..resources import SNAPSHOTS
+from ..core import devices
+from ..core.errors import UserError, check, one_line
+from ..core.faults import kill_point
+from ..core.files import atomic_dir, write_atomic
+from ..core.resources import SNAPSHOTS
 from .config import TrainConfig, config_from_dict
 from .evaluate import EVAL_STREAM, evaluate_run  # noqa: F401  (EVAL_STREAM: re-exported, as before)
 from .recipe import recipe_of
@@ -67,7 +67,7 @@ def model_config(cfg: TrainConfig):
 
 
 def task_spec(cfg: TrainConfig) -> dict:
-    """The checkpoint's `task` field (the keys of icrl_interp.sampling.TaskSpec)."""
+    """The checkpoint's `task` field (the keys of icrl_interp.tasks.sampling.TaskSpec)."""
     return recipe_of(cfg).task(cfg)
 
 
@@ -100,7 +100,7 @@ def save_checkpoint(run_dir: Path, model, opt: torch.optim.Optimizer, cfg: Train
     """Write the model checkpoint and the resume state of `step`, atomically (temp dir, then rename)."""
     from safetensors.torch import save_file
 
-    from .. import checkpoint
+    from ..models import checkpoint
 
     final = _step_dir(run_dir, step)
     extras = {"origin": {"kind": "trained", "run_id": rid, "step": step}, "task": task_spec(cfg), "seed": cfg.seed,
@@ -127,7 +127,7 @@ def load_resume_state(step_dir: Path, model, opt: torch.optim.Optimizer) -> int:
     A corrupt or foreign trainer_state.json / optimizer.safetensors is a one-line UserError."""
     from safetensors.torch import load_file
 
-    from .. import checkpoint
+    from ..models import checkpoint
 
     loaded = checkpoint.load(step_dir)
     loaded_model = loaded[0] if isinstance(loaded, tuple) else loaded
@@ -194,7 +194,7 @@ def train(cfg: TrainConfig, run_dir, progress: bool = True, evaluate: bool = Tru
     `threads`: torch intra-op threads during the run (restored after; None = leave as is). One
     thread is the default because these models are many tiny matmuls: on a shared 2-core
     machine, intra-op threading made a step 3-8x slower (measured).
-    `device`: where the steps run ('cpu', 'cuda', 'auto'; `icrl_interp.devices`). The init and the task
+    `device`: where the steps run ('cpu', 'cuda', 'auto'; `icrl_interp.core.devices`). The init and the task
     stream are drawn on the CPU as always, so a run on a GPU starts from the same parameters and sees the
     same batches; checkpoints and the evaluation are made from a CPU copy.
     """

@@ -11,8 +11,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .. import layouts, registry
-from ..errors import UserError
+from ..tasks import layouts
+from ..families import registry
+from ..core.errors import UserError
 
 Array = np.ndarray
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from icrl_interp import layouts, registry
+from icrl_interp.tasks import layouts
+from icrl_interp.families import registry
 from icrl_interp.models.config import CheckpointConfig, ModelConfig
-from icrl_interp.recording import RecordingWriter
-from icrl_interp.sampling import TaskSpec
+from icrl_interp.recording.format import RecordingWriter
+from icrl_interp.tasks.sampling import TaskSpec
 
 CONFIGS = {
     "linear-td": {"model": {"family": "linear-td", "d": 3, "n_layers": 4, "gamma": 0.9, "alpha": 0.5, "tied": True,
@@ -182,7 +183,7 @@ def write_recording(path, family: str, n_prompts: int = 96, batch: int = 32, see
 
 def write_checkpoint(directory, cfg: CheckpointConfig, params: dict[str, np.ndarray]) -> Path:
     """A checkpoint directory written by the project's checkpoint writer (safetensors + JSON)."""
-    from icrl_interp import checkpoint
+    from icrl_interp.models import checkpoint
 
     state = {k: np.ascontiguousarray(v, dtype=np.float64) for k, v in params.items()}
     return checkpoint.save(state, cfg, directory)

@@ -13,10 +13,11 @@ import h5py
 import numpy as np
 import pytest
 
-from icrl_interp import envs, registry
+from icrl_interp.tasks import envs
+from icrl_interp.families import registry
 from icrl_interp.analyzers import analyze, analyze_many
 from icrl_interp.cli import main
-from icrl_interp.errors import UserError
+from icrl_interp.core.errors import UserError
 from icrl_interp.families import actor_critic, softmax_td
 
 from helpers import float_tol

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from icrl_interp import reference
+from icrl_interp.tasks import reference
 from icrl_interp.families import linear_td
 from icrl_interp.analyzers import convergence as C
-from icrl_interp.errors import UserError
+from icrl_interp.core.errors import UserError
 
 from . import analyzer_data as D
 

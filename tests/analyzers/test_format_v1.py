@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from icrl_interp import checkpoint, registry
+from icrl_interp.models import checkpoint
+from icrl_interp.families import registry
 from icrl_interp.analyzers import analyze
-from icrl_interp.recording import SCHEMA_V1, Recording
+from icrl_interp.recording.format import SCHEMA_V1, Recording
 
 from helpers import float_tol
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from icrl_interp import heap
+from icrl_interp.core import heap
 from icrl_interp.analyzers import inputs
-from icrl_interp.errors import UserError
+from icrl_interp.core.errors import UserError
 
 from . import analyzer_data as D
 
@@ -96,7 +96,7 @@ def test_family_dims_and_layouts_of_configs():
 
 
 def test_chunked_reading_with_read_ahead_returns_the_file_contents(tmp_path, monkeypatch):
-    from icrl_interp.recording import Recording
+    from icrl_interp.recording.format import Recording
 
     p = D.write_recording(tmp_path / "r.h5", "softmax-td", n_prompts=70, batch=20, bf16=True)
     with Recording(p) as rec:

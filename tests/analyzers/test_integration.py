@@ -1,4 +1,4 @@
-"""The real thing: theta* models of icrl_interp.models, recorded by icrl_interp.recorder with the
+"""The real thing: theta* models of icrl_interp.models, recorded by icrl_interp.recording.recorder with the
 shipped probe specs, analyzed. The synthetic-file tests cover the same code without torch."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("transformer_lens")
 
-from icrl_interp import checkpoint  # noqa: E402
+from icrl_interp.models import checkpoint  # noqa: E402
 from icrl_interp.analyzers import analyze  # noqa: E402
 
 from helpers import float_tol  # noqa: E402
@@ -22,8 +22,8 @@ CASES = [
 @pytest.mark.parametrize("family,kw,task", CASES, ids=[c[0] for c in CASES])
 def test_recorded_theta_star_models_score_perfectly(family, kw, task, tmp_path):
     from icrl_interp.models import theta_star_model
-    from icrl_interp.probe_spec import shipped_spec
-    from icrl_interp.recorder import PromptSource, record
+    from icrl_interp.recording.probe_spec import shipped_spec
+    from icrl_interp.recording.recorder import PromptSource, record
 
     model = theta_star_model(family, **kw)
     ck = checkpoint.save(model, {"task": task, "n": task["n"], "seed": 0}, tmp_path / "ck")

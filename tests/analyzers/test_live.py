@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from icrl_interp import checkpoint, cli, probe_spec, recorder, registry
+from icrl_interp.models import checkpoint
+from icrl_interp import cli
+from icrl_interp.recording import probe_spec, recorder
+from icrl_interp.families import registry
 from icrl_interp.analyzers.analyze import AnalyzeOptions, analyze, analyze_model
-from icrl_interp.capture import attached_hook_count
-from icrl_interp.live import open_live
+from icrl_interp.recording.capture import attached_hook_count
+from icrl_interp.recording.live import open_live
 
 from helpers import ROLES, TASK, Net
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from icrl_interp.analyzers import td_probe as T
-from icrl_interp.errors import UserError
+from icrl_interp.core.errors import UserError
 
 EPS = np.finfo(np.float64).eps
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from icrl_interp.analyzers import analyze, convergence, kernel as K, weights
-from icrl_interp.files import json_clean
+from icrl_interp.core.files import json_clean
 
 from . import analyzer_data as D
 

@@ -136,7 +136,7 @@ def test_diagonality_accumulator_by_hand():
 
 def test_positions_attribute_forms():
     from icrl_interp.analyzers import inputs
-    from icrl_interp.errors import UserError
+    from icrl_interp.core.errors import UserError
 
     for raw in ("", ":", "None", "null", b":"):
         np.testing.assert_array_equal(inputs.positions({"positions": raw}, (2, 5), 1, 5, "h"), np.arange(5))
@@ -168,7 +168,7 @@ def test_chunked_reading_reports_the_prompts_read(monkeypatch, tmp_path):
 
     from analyzers import analyzer_data as D
     from icrl_interp.analyzers import inputs
-    from icrl_interp.recording import Recording
+    from icrl_interp.recording.format import Recording
 
     steps = []
 
@@ -193,7 +193,7 @@ def test_family_dims_searches_every_width_up_to_d_model(monkeypatch):
     """A family whose layout is phi (d rows) and one value row has d = d_model - 1: the search reaches it."""
     from types import SimpleNamespace
 
-    from icrl_interp import layouts
+    from icrl_interp.tasks import layouts
     from icrl_interp.analyzers import inputs
 
     lay = lambda d, m=None: layouts.build_layout("one-row", [("phi", d), ("value", 1)], "value")  # noqa: E731
@@ -207,7 +207,7 @@ def test_family_dims_searches_every_width_up_to_d_model(monkeypatch):
 def test_scales_with_unit_norm_targets():
     """theta* blocks of norm 1 are ordinary (only an all-zero block has no scale)."""
     from icrl_interp.analyzers import weights
-    from icrl_interp.errors import UserError
+    from icrl_interp.core.errors import UserError
 
     Xs, Ys = np.array([1.0, 0.0]), np.array([0.0, 1.0])  # ||X*||^2 = ||Y*||^2 = 1
     assert weights.best_scale(2 * Xs, Xs, Ys / 2, Ys) == pytest.approx(2.0, rel=1e-12)

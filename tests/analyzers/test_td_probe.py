@@ -7,7 +7,7 @@ from sklearn.linear_model import Ridge
 from sklearn.metrics import r2_score
 
 from icrl_interp.analyzers import td_probe as T
-from icrl_interp.errors import UserError
+from icrl_interp.core.errors import UserError
 
 
 def _stats(X, y, chunks=1):

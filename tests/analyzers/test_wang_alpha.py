@@ -8,9 +8,11 @@ import h5py
 import numpy as np
 import pytest
 
-from icrl_interp import checkpoint, probe_spec, recorder, reference, sampling
+from icrl_interp.models import checkpoint
+from icrl_interp.recording import probe_spec, recorder
+from icrl_interp.tasks import reference, sampling
 from icrl_interp.analyzers import analyze, convergence, td_step
-from icrl_interp.families import linear_td_training
+from icrl_interp.train.recipes import linear_td as linear_td_training
 
 from . import analyzer_data as D
 

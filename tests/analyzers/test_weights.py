@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar
 
-from icrl_interp import registry
+from icrl_interp.families import registry
 from icrl_interp.analyzers import weights as W
-from icrl_interp.errors import UserError
+from icrl_interp.core.errors import UserError
 from icrl_interp.families import actor_critic, linear_td, sarsa, softmax_td
 
 from helpers import float_tol

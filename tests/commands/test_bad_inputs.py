@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from icrl_interp import cli, outputs
+from icrl_interp import cli
+from icrl_interp.core import outputs
 
 SHIPPED = Path(__file__).resolve().parents[2] / "data" / "checkpoints"
 CK = SHIPPED / "sarsa"  # a checkpoint of a control family, a few KiB
@@ -693,8 +694,11 @@ def test_own_outputs_are_replaced_and_user_files_beside_them_survive(tmp_path, c
 def test_demo_regenerates_only_its_own_inputs(tmp_path, monkeypatch):
     """A new --out works; a re-run replaces the demo's own inputs and keeps the user's files beside them;
     a foreign file at one of the demo's names is refused. (Torch, recording and analysis are stubbed.)"""
-    from icrl_interp import checkpoint, construct, demo, probe_spec, report
-    from icrl_interp.errors import UserError
+    from icrl_interp.models import checkpoint, construct
+    from icrl_interp.report import demo
+    from icrl_interp.recording import probe_spec
+    from icrl_interp import report
+    from icrl_interp.core.errors import UserError
     from icrl_interp.report import ReportOutcome, batch
 
     def fake_report(inputs, out, config):

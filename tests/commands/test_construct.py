@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from icrl_interp import checkpoint, cli
+from icrl_interp.models import checkpoint
+from icrl_interp import cli
 from icrl_interp.models import theta_star_model
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from icrl_interp import checkpoint, cli
+from icrl_interp.models import checkpoint
+from icrl_interp import cli
 
 
 def _cli(capsys, *argv):

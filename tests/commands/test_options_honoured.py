@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from icrl_interp import cli, registry
-from icrl_interp.analyzers import verdict as V
-from icrl_interp.errors import UserError
+from icrl_interp import cli
+from icrl_interp.families import registry
+from icrl_interp.verdicts import behaviour as V
+from icrl_interp.core.errors import UserError
 
 TESTS = Path(__file__).resolve().parents[1]
 ROLES = '[roles]\nresid_post = "blocks.{layer}"\npattern = "blocks.{layer}.attn#1"\nreadout = ["ln_f", "head"]\n'

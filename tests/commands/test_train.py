@@ -135,7 +135,7 @@ def test_building_the_cli_imports_no_torch():
 
 def test_an_exported_run_with_snapshots_counts_as_the_packages_own_output(tmp_path):
     """--force may replace an exported checkpoint (snapshots included), never a folder with foreign files in it."""
-    from icrl_interp import outputs
+    from icrl_interp.core import outputs
 
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"family": "sarsa", **SARSA, "checkpoint_every": 1}))

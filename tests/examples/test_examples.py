@@ -16,7 +16,7 @@ import torch
 
 from icrl_interp import cli
 from icrl_interp.models import user
-from icrl_interp.recording import Recording
+from icrl_interp.recording.format import Recording
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TASK_FLAGS = ["--task", "linear-td", "--d", "4", "--n", "30", "--layers", "3"]

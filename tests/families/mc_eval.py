@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from icrl_interp import layouts, reference, registry, sampling
+from icrl_interp.tasks import layouts, reference
+from icrl_interp.families import registry
+from icrl_interp.tasks import sampling
 
 NAME = "mc-eval"
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from icrl_interp import checkpoint, layouts, reference
-from icrl_interp.construct import construct
+from icrl_interp.models import checkpoint
+from icrl_interp.tasks import layouts, reference
+from icrl_interp.models.construct import construct
 from icrl_interp.families import actor_critic
 from icrl_interp.models import ModelConfig, build_model, theta_star_model
 
@@ -263,7 +264,7 @@ def test_bad_input_raises_user_error():
 
 # ------------------------------------------------------ teacher mimicking
 def test_teacher_mimicking_training_learns_and_keeps_lazy_blocks_zero(tmp_path):
-    from icrl_interp.control import ControlConfig, run_checkpoint
+    from icrl_interp.train.control import ControlConfig, run_checkpoint
     from icrl_interp.train import config_for, train
 
     cfg = config_for("actor-critic", n_states=3, n_actions=2, n=24, batch=32, steps=100, lr=1e-2, lr_decay=1.0,

@@ -3,8 +3,9 @@ it exactly; the evaluation and its trend series are the family's own (no SARSA-o
 import numpy as np
 import pytest
 
-from icrl_interp.errors import UserError
-from icrl_interp.families import actor_critic, actor_critic_training as AC
+from icrl_interp.core.errors import UserError
+from icrl_interp.families import actor_critic
+from icrl_interp.train.recipes import actor_critic as AC
 from icrl_interp.models import theta_star_model
 from icrl_interp.train import config_for
 from icrl_interp.train.trainer import build
@@ -94,7 +95,7 @@ def test_critic_weight_and_the_critic_rows_step_factor():
 def test_parameter_scale_mixture():
     """lam_std_max / w_std_max: one std per prompt, log-uniform in [std, std_max]; without them the draw is the
     original one, bit for bit."""
-    from icrl_interp.families import sarsa_training
+    from icrl_interp.train.recipes import sarsa as sarsa_training
 
     x = sarsa_training.draw_params(0.5, 4.0, 4000, 200, np.random.default_rng(0))
     std = x.std(-1)

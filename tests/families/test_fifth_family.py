@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from icrl_interp import checkpoint, registry
+from icrl_interp.models import checkpoint
+from icrl_interp.families import registry
 from icrl_interp.cli import main
 
 HERE = Path(__file__).parent

@@ -3,8 +3,8 @@ objectives equal their definitions computed from batch TD(0) (float64, theta* mo
 import numpy as np
 import torch
 
-from icrl_interp import reference
-from icrl_interp.families import linear_td_training as L
+from icrl_interp.tasks import reference
+from icrl_interp.train.recipes import linear_td as L
 from icrl_interp.models import theta_star_model
 from icrl_interp.train import config_for
 

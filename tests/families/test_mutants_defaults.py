@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from icrl_interp import construct
-from icrl_interp.errors import UserError
+from icrl_interp.models import construct
+from icrl_interp.core.errors import UserError
 from icrl_interp.families import actor_critic, linear_td, sarsa, softmax_td  # noqa: F401  (their Construct defaults)
 from icrl_interp.models.config import CheckpointConfig, ModelConfig
-from icrl_interp.sampling import TaskSpec
+from icrl_interp.tasks.sampling import TaskSpec
 
 
 @pytest.mark.parametrize("family, model, task", [

@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from icrl_interp import checkpoint, registry
+from icrl_interp.models import checkpoint
+from icrl_interp.families import registry
 from icrl_interp.families import actor_critic, linear_td, sarsa, softmax_td
-from icrl_interp.layouts import PromptLayout, build_layout
+from icrl_interp.tasks.layouts import PromptLayout, build_layout
 from icrl_interp.models import ModelConfig
 
 ALPHA = 0.37

@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from icrl_interp import checkpoint, envs, sampling
-from icrl_interp.construct import construct
+from icrl_interp.models import checkpoint
+from icrl_interp.tasks import envs, sampling
+from icrl_interp.models.construct import construct
 from icrl_interp.families import actor_critic, sarsa
-from icrl_interp.families import actor_critic_training as AC
-from icrl_interp.families import sarsa_training as S
+from icrl_interp.train.recipes import actor_critic as AC
+from icrl_interp.train.recipes import sarsa as S
 from icrl_interp.models import theta_star_model
 from icrl_interp.train import config_for, train
 
@@ -68,7 +69,7 @@ def test_mdps_carry_their_features_into_the_prompt_columns():
     np.testing.assert_array_equal(mdp.P, plain.P)  # the features are drawn after the MDPs (same draws: exact)
     assert mdp.d == 4 and mdp.features().shape == (5, 3, 2, 4) and mdp.feature_table() is mdp.phi
     traj = mdp.sample(np.full((5, 3, 2), 0.5), 7, np.random.default_rng(1))
-    from icrl_interp import layouts
+    from icrl_interp.tasks import layouts
 
     phi, phi_next, _, _ = layouts.mdp_columns(mdp, traj)
     rows = np.arange(5)[:, None]

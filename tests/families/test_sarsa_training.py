@@ -5,8 +5,8 @@ import json
 import numpy as np
 from safetensors.numpy import load_file
 
-from icrl_interp import reference
-from icrl_interp.families import sarsa_training as S
+from icrl_interp.tasks import reference
+from icrl_interp.train.recipes import sarsa as S
 from icrl_interp.models import theta_star_model
 from icrl_interp.train import config_for, list_checkpoints, train
 from icrl_interp.train.util import lazy_slice

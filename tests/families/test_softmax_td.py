@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from icrl_interp import layouts, reference
-from icrl_interp.errors import UserError
+from icrl_interp.tasks import layouts, reference
+from icrl_interp.core.errors import UserError
 from icrl_interp.families import softmax_td
 
 from helpers import boyan, mdps, plain, raises_user, random_policy, support, td_data

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from icrl_interp import reference
-from icrl_interp.families import softmax_td_training as S
+from icrl_interp.tasks import reference
+from icrl_interp.train.recipes import softmax_td as S
 from icrl_interp.models import theta_star_model
 from icrl_interp.train import config_for, train
 from icrl_interp.train.evaluate import evaluate_run

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from icrl_interp import layouts
+from icrl_interp.tasks import layouts
 from icrl_interp.models import ModelConfig, build_model
 from icrl_interp.families import linear_td
 

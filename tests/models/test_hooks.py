@@ -169,7 +169,7 @@ def test_pattern_interventions_take_effect(key):
 
 
 def test_importing_the_package_does_not_import_transformer_lens():
-    code = ("import sys, icrl_interp, icrl_interp.models, icrl_interp.checkpoint\n"
+    code = ("import sys, icrl_interp, icrl_interp.models, icrl_interp.models.checkpoint\n"
             "from icrl_interp.models import ModelConfig\n"
             "ModelConfig('sarsa', 2).parameter_shapes()\n"
             "assert 'transformer_lens' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)\n")

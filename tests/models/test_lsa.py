@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from icrl_interp import layouts, reference
+from icrl_interp.tasks import layouts, reference
 from icrl_interp.models import ModelConfig, build_model, theta_star_model
 from icrl_interp.families import sarsa
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from icrl_interp import layouts
-from icrl_interp.errors import UserError
-from icrl_interp.recording import RecordingWriter
+from icrl_interp.tasks import layouts
+from icrl_interp.core.errors import UserError
+from icrl_interp.recording.format import RecordingWriter
 from icrl_interp.families import softmax_td
 
 SCHEMA = "icrl_interp.analysis/1"

@@ -9,7 +9,7 @@ import json
 
 import report_fake as F
 
-from icrl_interp.errors import UserError
+from icrl_interp.core.errors import UserError
 from icrl_interp.report import ReportConfig, batch, build_report
 from icrl_interp.report.headline import text_table
 

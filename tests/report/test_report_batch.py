@@ -199,7 +199,7 @@ def test_cli_exit_codes(inputs, tmp_path, capsys):
 
 def test_real_analyzer_on_a_theta_star_checkpoint(tmp_path, capsys):
     """End to end with the real analyzer: θ* scores perfectly, a corrupt checkpoint fails with its reason."""
-    from icrl_interp import checkpoint
+    from icrl_interp.models import checkpoint
 
     theta, d = tmp_path / "theta", 3
     star = sarsa.theta_star(d, c=-2.5)  # a point on the scaling manifold, written without torch

@@ -13,12 +13,13 @@ import pytest
 import torch
 
 import helpers
-from icrl_interp import causal, checkpoint
+from icrl_interp.interventions import causal
+from icrl_interp.models import checkpoint
 from icrl_interp.analyzers import inputs
 from icrl_interp.cli import main
-from icrl_interp.construct import construct, task_config
-from icrl_interp.files import write_json
-from icrl_interp.recorder import record_model
+from icrl_interp.models.construct import construct, task_config
+from icrl_interp.core.files import write_json
+from icrl_interp.recording.recorder import record_model
 from icrl_interp.report import ReportConfig, batch, build_report
 from icrl_interp.report.headline import text_table
 

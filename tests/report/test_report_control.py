@@ -13,7 +13,7 @@ import pytest
 import report_fake as F
 import torch
 
-from icrl_interp import checkpoint
+from icrl_interp.models import checkpoint
 from icrl_interp.cli import main
 from icrl_interp.models import theta_star_model
 from icrl_interp.report import ReportConfig, batch, build_report, control_eval, figures

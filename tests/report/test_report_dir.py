@@ -8,9 +8,9 @@ import os
 import pytest
 from matplotlib.figure import Figure
 
-from icrl_interp import files
-from icrl_interp.errors import UserError
-from icrl_interp.outputs import is_ours
+from icrl_interp.core import files
+from icrl_interp.core.errors import UserError
+from icrl_interp.core.outputs import is_ours
 from icrl_interp.report.batch import REPORT_LOCK, claim_out_dir, is_report_dir, writing_report
 from icrl_interp.report.causal import save
 

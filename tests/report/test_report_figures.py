@@ -9,7 +9,7 @@ import pytest
 import report_fake as F
 from matplotlib.image import imread
 
-from icrl_interp import layouts
+from icrl_interp.tasks import layouts
 from icrl_interp.report import batch, figures, headline
 from icrl_interp.report.fields import kernel_mins, label_of
 from icrl_interp.families import softmax_td

@@ -8,10 +8,10 @@ import json
 
 from icrl_interp.analyzers import inputs
 from icrl_interp.cli import main
-from icrl_interp.files import write_json
-from icrl_interp.analyzers import verdict as VD
+from icrl_interp.core.files import write_json
+from icrl_interp.verdicts import behaviour as VD
 from icrl_interp.report import ReportConfig, build_report
-from test_verdict import GENERATORS, synthetic  # tests/ is on sys.path (conftest)
+from verdicts.test_verdict import GENERATORS, synthetic  # tests/ is on sys.path (conftest)
 
 
 def _verdict(tmp_path, name="mc"):

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from icrl_interp import registry
-from icrl_interp.cli_fields import field_docs
-from icrl_interp.errors import UserError
+from icrl_interp.families import registry
+from icrl_interp.core.cli_fields import field_docs
+from icrl_interp.core.errors import UserError
 from icrl_interp.train import TrainConfig, config_classes, config_for, config_from_dict, recipe, training_families
 
 FAMILIES = ["linear-td", "softmax-td", "sarsa", "actor-critic"]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from icrl_interp.families import softmax_td_training as S
+from icrl_interp.train.recipes import softmax_td as S
 
 
 @pytest.fixture

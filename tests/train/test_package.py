@@ -8,7 +8,7 @@ from pathlib import Path
 
 import icrl_interp
 import icrl_interp.train as T
-from icrl_interp import registry
+from icrl_interp.families import registry
 
 PACKAGE = Path(icrl_interp.__file__).resolve().parent
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from icrl_interp import checkpoint
+from icrl_interp.models import checkpoint
 from icrl_interp.analyzers import analyze
 from icrl_interp.train import config_from_dict, list_checkpoints, recipe, train
 

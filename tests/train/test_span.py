@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from icrl_interp.analyzers import weights
-from icrl_interp.errors import UserError
+from icrl_interp.core.errors import UserError
 from icrl_interp.families.sarsa import theta_star_blocks
-from icrl_interp.families.sarsa_training import sample_sarsa
+from icrl_interp.train.recipes.sarsa import sample_sarsa
 from icrl_interp.train import config_for, train
 from icrl_interp.train.span import transition_span_projector
 from icrl_interp.train.trainer import build

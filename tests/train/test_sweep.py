@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from icrl_interp.errors import UserError
+from icrl_interp.core.errors import UserError
 from icrl_interp.train import config_for
 from icrl_interp.train.sweep import config_hash, is_finished, parse_sweep, read_sweep
 
@@ -138,7 +138,7 @@ def test_a_grid_of_a_trillion_points_is_refused_in_seconds_before_torch_is_impor
 
     lists = "".join(f"{k} = {list(range(1, 1001))}\n" for k in ("lr", "n_layers", "init_gain", "eval_tasks"))
     (tmp_path / "g.toml").write_text(f'family = "linear-td"\nseeds = [0, 1]\n[grid]\n{lists}')
-    code = ("import sys\nfrom icrl_interp.errors import UserError\nfrom icrl_interp.train.sweep import read_sweep\n"
+    code = ("import sys\nfrom icrl_interp.core.errors import UserError\nfrom icrl_interp.train.sweep import read_sweep\n"
             "try:\n    read_sweep(sys.argv[1])\nexcept UserError as e:\n    print(e)\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     t0 = time.monotonic()

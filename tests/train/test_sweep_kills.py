@@ -2,7 +2,7 @@
 
 The killed sweep is the real command (`cli.main`) in a forked child of the test process (torch and the
 models are imported already, so a child costs no start-up), which SIGKILLs itself at a named point of
-the phase (`icrl_interp.faults`: no `finally`, no flush runs). The re-run, in this process, must take
+the phase (`icrl_interp.core.faults`: no `finally`, no flush runs). The re-run, in this process, must take
 the directory over, finish it, and leave the summary and the plan byte for byte the uninterrupted
 sweep's (paths aside), with no temporary file anywhere. The report's figures are two blank plots
 (drawing the real ones would take most of the test's time; what is tested is how they are written).
@@ -22,7 +22,8 @@ import pytest
 
 from matplotlib.figure import Figure
 
-from icrl_interp import cli, faults
+from icrl_interp import cli
+from icrl_interp.core import faults
 from icrl_interp.report import figures
 from icrl_interp.report.batch import REPORT_LOCK, is_report_dir
 from icrl_interp.train.sweep import SWEEP_LOCK

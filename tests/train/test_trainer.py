@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from icrl_interp import checkpoint
-from icrl_interp.errors import UserError
+from icrl_interp.models import checkpoint
+from icrl_interp.core.errors import UserError
 from icrl_interp.train import config_for, list_checkpoints, load_run_config, train
 
 TINY = {

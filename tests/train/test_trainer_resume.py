@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from icrl_interp.errors import UserError
+from icrl_interp.core.errors import UserError
 from icrl_interp.train import config_for, list_checkpoints, train
 from icrl_interp.train import trainer
 

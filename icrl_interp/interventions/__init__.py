@@ -1,0 +1,1 @@
+"""Layer 6: causal interventions on a model's forward pass."""

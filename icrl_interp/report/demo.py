@@ -1,0 +1,170 @@
+"""The end-to-end demo: theta* and shipped trained checkpoints -> recordings -> analyses -> report.
+
+Runs on embedded defaults only (no flags, no network): builds the theta* of each
+registered family with demo options (`registry.Family.demo`), takes the small trained checkpoints shipped in `data/checkpoints/`,
+records a few hundred prompts through each, analyzes everything (with the shipped runs' training
+snapshots, for metrics against training step) and writes a report directory with a one-screen summary.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core import outputs
+from ..families import registry
+from ..core import resources
+from ..core.errors import UserError
+
+DATA_DIR = resources.checkpoints_dir()
+"""Shipped trained checkpoints (one directory per family, or per run; see `resources` for wheel vs checkout)."""
+LIVE_TASKS = 64
+"""Prompts each checkpoint (theta*, shipped, snapshot) is also analyzed live on in the report, so the
+snapshots' activation metrics (e.g. Wang's VD / SS) appear over training without recording them."""
+
+
+@dataclass
+class DemoConfig:
+    """Embedded defaults of `icrl-interp demo`."""
+
+    out: Path = Path("icrl-report")
+    """Report directory (inputs and recordings go in its `inputs/` subfolder)."""
+    prompts: int = 256
+    """Prompts recorded per model."""
+    quick: bool = False
+    """Fewer prompts (64) for a fast look."""
+    seed: int = 0
+    """Seed of the task samplers."""
+    workers: int = 2
+    """Parallel analysis processes."""
+    families: tuple[str, ...] | None = None
+    """Families whose theta* the demo builds (None: every registered family with `demo` options)."""
+
+
+def _checkpoint_dirs(root: Path) -> list[Path]:
+    if not root.exists():
+        return []
+    return sorted(p.parent for p in root.rglob("config.json") if (p.parent / "model.safetensors").exists())
+
+
+def shipped_checkpoints(root: Path = DATA_DIR) -> list[Path]:
+    """Every checkpoint directory under data/checkpoints/ (a folder holding config.json), training
+    snapshots (`shipped_snapshots`) apart."""
+    return [p for p in _checkpoint_dirs(root) if resources.SNAPSHOTS not in p.relative_to(root).parts]
+
+
+def shipped_snapshots(checkpoints: list[Path]) -> list[Path]:
+    """The earlier checkpoints of these shipped runs (`<checkpoint>/snapshots/step_*/`): with the final
+    checkpoints they give the report's metrics-over-training view."""
+    return [p for c in checkpoints for p in _checkpoint_dirs(c / resources.SNAPSHOTS)]
+
+
+def reproduction_lines(paths: list[Path]) -> list[str]:
+    """One line per shipped trained checkpoint: the held-out numbers its training run measured
+    (its final_metrics.json, read through the family's trend series: e.g. SS / IWS / VD, or the relative
+    errors and lazy blocks). Checkpoints without final metrics or a training recipe are left out."""
+    from ..models import checkpoint
+    from ..train import recipe
+
+    lines = []
+    for path in paths:
+        try:
+            metrics = json.loads((path / "final_metrics.json").read_text())
+            family = checkpoint.read(path)[0].family
+            series = recipe(family).trends.series([metrics])
+        except (OSError, ValueError, KeyError, TypeError, IndexError, UserError):
+            continue
+        nums = ", ".join(f"{k} {v[0]:.3g}" for k, v in series.items() if isinstance(v[0], (int, float)))
+        lines.append(f"  {path.name} ({family}, step {metrics.get('step')}): {nums}")
+    return lines
+
+
+def _validate(config: DemoConfig) -> None:
+    for name in ("prompts", "workers"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"--{name} must be a positive integer, got {value!r}")
+    if isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0:
+        raise UserError(f"--seed must be a non-negative integer, got {config.seed!r}")
+
+
+def _clear_own(inputs_dir: Path, names: list[str]) -> None:
+    """Remove the demo's own earlier outputs of these names from inputs/ (refused, before anything is
+    removed, if one of them is not the package's); other files there are left alone."""
+    if inputs_dir.exists() and not inputs_dir.is_dir():
+        raise UserError(f"{inputs_dir} is a file where the demo puts its inputs; move it away or choose another --out")
+    paths = [inputs_dir / n for n in names if (inputs_dir / n).exists() or (inputs_dir / n).is_symlink()]
+    for path in paths:
+        if not outputs.is_ours(path):
+            raise UserError(f"{path} is not a file the demo wrote, and the demo would replace it; "
+                            "move it away or choose another --out")
+    for path in paths:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def run_demo(config: DemoConfig) -> int:
+    """Build, record, analyze, report. Returns the number of failed inputs."""
+    from ..models import checkpoint
+    from ..recording import probe_spec, recorder
+    from ..models.construct import construct
+    from . import ReportConfig, build_report
+    from .batch import claim_out_dir, write_figure_manifest
+    from .headline import text_table
+
+    t0 = time.perf_counter()
+    _validate(config)
+    shipped = shipped_checkpoints()
+    out = claim_out_dir(config.out, inputs=shipped)
+    inputs_dir = out / "inputs"
+    n_prompts = 64 if config.quick else config.prompts
+
+    families = config.families or registry.where(lambda f: f.demo is not None and f.construct is not None)
+    names = [f"theta_star-{family}" for family in families]
+    names += [f"trained-{checkpoint.read(path)[0].family}-{path.name}" for path in shipped]
+    _clear_own(inputs_dir, names + [f"{n}.h5{x}" for n in names for x in ("", ".partial")])
+    inputs_dir.mkdir(parents=True, exist_ok=True)  # `out` itself may be new (its parent exists)
+
+    models: list[tuple[str, Path]] = []
+    for family in families:
+        target = inputs_dir / f"theta_star-{family}"
+        models.append((target.name, construct(family, registry.get(family).demo, target, overwrite=True)))
+    if not shipped:
+        print(f"note: no trained checkpoints found under {DATA_DIR}; the demo shows theta* only")
+    for path, name in zip(shipped, names[len(families):]):
+        models.append((name, path))
+
+    recordings: list[Path] = []
+    print(f"recording {n_prompts} prompts through each of {len(models)} models")
+    for name, path in models:
+        cfg, _ = checkpoint.read(path)
+        model = checkpoint.load(path)
+        try:
+            spec = probe_spec.shipped_spec(cfg.family)
+        except UserError:
+            continue
+        target = inputs_dir / f"{name}.h5"
+        source = recorder.PromptSource(config=cfg, n_total=n_prompts, seed=config.seed)
+        summary = recorder.record(model, target, spec, source, batch_size=min(128, n_prompts),
+                                  checkpoint_sha256=checkpoint.sha256(path), progress=True)
+        recordings.append(summary.path)
+
+    # the shipped runs' earlier checkpoints: with the final ones they draw each metric against training step
+    snapshots = shipped_snapshots(shipped)
+    inputs = [p for _, p in models] + snapshots + recordings
+    outcome = build_report(inputs, out, ReportConfig(workers=config.workers, title="icrl-interp demo report",
+                                                        live_tasks=min(LIVE_TASKS, n_prompts)))
+    write_figure_manifest(out, outcome.figures)
+    print()
+    print(text_table(outcome.results))
+    shipped_lines = reproduction_lines(shipped)
+    if shipped_lines:
+        print("\nshipped reproductions (held-out numbers of their training runs; docs/reproductions.md):")
+        print("\n".join(shipped_lines))
+    print(f"\nreport: {out / 'index.html'}  ({len(inputs)} inputs, {outcome.n_failed} failed, "
+          f"{time.perf_counter() - t0:.0f} s)")
+    for r in outcome.results:
+        if r.status != "ok":
+            print(f"failed: {r.input}: {r.error}")
+    return outcome.n_failed

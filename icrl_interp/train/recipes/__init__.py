@@ -1,0 +1,1 @@
+"""The families' training recipes (the torch half of each family)."""

@@ -1,0 +1,1 @@
+"""Layer 7: which algorithm the forward pass runs (candidates, behavioural evidence, causal evidence)."""

@@ -1,0 +1,442 @@
+"""Candidate RL algorithms for the algorithm verdict, in float64 numpy (docs/verdict.md).
+
+Every candidate runs on the same data: the transitions a prompt carries (`Transitions`: features
+phi_i, next features phi'_i, rewards r_i, the discount, the starting parameters w_0 and what the
+output is read from) and returns a `Trace`: its output after every step k = 0..K and its internal
+quantities per context column and step (errors, values). Which candidates apply depends on what the
+transitions carry (a query, state labels, softmax-kernel features, all actions' next features, policy
+scores); `applicable` says why one does not.
+
+Linear candidates iterate w_{k+1} = w_k + (alpha/n) sum_i u_i(w_k), i = 0..n-1 the context columns:
+
+* ``td0`` / ``batch_sarsa`` (control tasks): u_i = delta_i phi_i, delta_i = r_i + gamma w.phi'_i - w.phi_i;
+* ``td_lambda_<l>``: u_i = delta_i e_i with the accumulating trace e_i = sum_{j<=i} (gamma l)^{i-j} phi_j
+  along the context (the columns are one trajectory); l = 0 is td0;
+* ``residual_gradient``: u_i = delta_i (phi_i - gamma phi'_i), the gradient of the squared TD error;
+* ``mc_regression``: u_i = (G_i - w.phi_i) phi_i, G_i = sum_{j=i}^{n-1} gamma^{j-i} r_j, the return to
+  the end of the context (gradient descent on the Monte-Carlo regression; its fixed point is least squares);
+* ``lstd`` (closed form, no steps): w = A^+ b, A = sum_i phi_i (phi_i - gamma phi'_i)^T, b = sum_i r_i phi_i,
+  the fixed point of batch TD(0);
+* control tasks: ``expected_sarsa`` (phi'_i -> sum_a pi(a|s'_i) phi(s'_i, a)), ``q_learning``
+  (phi'_i -> phi(s'_i, argmax_a w_k.phi(s'_i, a))) and ``actor_critic`` (the sarsa critic with step beta
+  and the actor lam_{k+1} = lam_k + (alpha/n) sum_i gamma^i delta_i g_i on the policy scores g_i).
+
+Softmax-kernel candidates (transitions with the states' features x(S_0..S_n)): ``softmax_td``
+(`reference.weighted_softmax_td`, kernel softmax(score * x^T x)) and ``tabular_td`` (the visit-averaging
+kernel on state labels).
+
+Step sizes (and the softmax score scale) are hyperparameters, fitted by `fit` on training tasks to a
+target output per layer: a grid search over the step size and the step k, the least squared error wins.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..tasks import reference
+from ..core import validate as V
+from ..core.errors import UserError
+
+LAMBDAS = (0.5, 0.9, 1.0)
+"""The TD(lambda) grid (lambda = 0 is td0)."""
+ALPHA_GRID = np.concatenate([[0.0], np.logspace(-3, 1.5, 55)])
+"""Step sizes tried by `fit` (0 = no update; log-spaced 1e-3 .. 10^1.5, 1.0 on the grid)."""
+COARSE_GRID = np.concatenate([[0.0], ALPHA_GRID[1::3]])
+"""The grid of candidates with two step sizes (every third point of ALPHA_GRID; 1.0 is on it)."""
+SCALE_GRID = np.array([0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
+"""Softmax score scales tried by `fit` (beta^2 of one-hot x beta features)."""
+
+
+@dataclass
+class Transitions:
+    """What a batch of prompts tells every candidate (B prompts, n context columns)."""
+
+    phi: np.ndarray
+    """[B, n, d] features of the source of each transition (state, or state-action for control)."""
+    phi_next: np.ndarray
+    """[B, n, d] features of its successor (the sampled next action's, for control)."""
+    rewards: np.ndarray
+    """[B, n] rewards."""
+    gamma: float
+    """Discount."""
+    w0: np.ndarray | None = None
+    """[B, d] starting parameters (None: 0, an evaluation task)."""
+    phi_query: np.ndarray | None = None
+    """[B, d] query features: the output is the value w.phi_query. None: the output is the parameters."""
+    next_options: np.ndarray | None = None
+    """[B, n, A, d] features phi(s'_i, a) of every action at each successor state (control)."""
+    next_policy: np.ndarray | None = None
+    """[B, n, A] the behaviour policy at each successor state (expected SARSA)."""
+    scores: np.ndarray | None = None
+    """[B, n, m] undiscounted policy scores g_i (actor-critic)."""
+    lam0: np.ndarray | None = None
+    """[B, m] starting policy parameters (actor-critic tasks: part of the output)."""
+    x: np.ndarray | None = None
+    """[B, n+1, dx] features of the trajectory's states S_0..S_n (softmax-kernel candidates; the output is
+    the value of S_n)."""
+    states: np.ndarray | None = None
+    """[B, n+1] state labels of S_0..S_n (tabular TD)."""
+
+    def __post_init__(self):
+        self.phi = V.finite("phi", np.asarray(self.phi, dtype=np.float64))
+        B, n, d = V.shape("phi", self.phi, (None, None, None)).shape
+        self.phi_next = V.shape("phi_next", V.finite("phi_next", np.asarray(self.phi_next, dtype=np.float64)), (B, n, d))
+        self.rewards = V.shape("rewards", V.finite("rewards", np.asarray(self.rewards, dtype=np.float64)), (B, n))
+        self.gamma = V.discount(self.gamma)
+        self.w0 = np.zeros((B, d)) if self.w0 is None else V.shape("w0", np.asarray(self.w0, dtype=np.float64), (B, d))
+        if self.phi_query is not None:
+            self.phi_query = V.shape("phi_query", np.asarray(self.phi_query, dtype=np.float64), (B, d))
+        if self.next_options is not None:
+            self.next_options = V.shape("next_options", np.asarray(self.next_options, dtype=np.float64),
+                                        (B, n, None, d))
+        if self.next_policy is not None:
+            A = None if self.next_options is None else self.next_options.shape[2]
+            self.next_policy = V.shape("next_policy", np.asarray(self.next_policy, dtype=np.float64), (B, n, A))
+        if (self.scores is None) != (self.lam0 is None):
+            raise UserError("actor-critic transitions need both the policy scores and the starting lam")
+        if self.scores is not None:
+            self.scores = V.shape("scores", np.asarray(self.scores, dtype=np.float64), (B, n, None))
+            self.lam0 = V.shape("lam0", np.asarray(self.lam0, dtype=np.float64), (B, self.scores.shape[-1]))
+        if self.x is not None:
+            self.x = V.shape("x", np.asarray(self.x, dtype=np.float64), (B, n + 1, None))
+        if self.states is not None:
+            self.states = V.shape("states", np.asarray(self.states), (B, n + 1)).astype(np.int64)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.phi.shape
+
+    @property
+    def control(self) -> bool:
+        """Control tasks output parameters (no query) and their TD(0) is SARSA."""
+        return self.phi_query is None and self.x is None
+
+    def take(self, idx) -> "Transitions":
+        """The transitions of a subset of the prompts."""
+        sub = {k: (v[idx] if isinstance(v, np.ndarray) else v) for k, v in self.__dict__.items() if k[0] != "_"}
+        return Transitions(**sub)
+
+    def returns(self) -> np.ndarray:
+        """[B, n] G_i = sum_{j=i}^{n-1} gamma^{j-i} r_j (the return to the end of the context)."""
+        G = np.zeros_like(self.rewards)
+        acc = np.zeros(self.rewards.shape[0])
+        for i in range(self.rewards.shape[1] - 1, -1, -1):
+            acc = self.rewards[:, i] + self.gamma * acc
+            G[:, i] = acc
+        return G
+
+    def traces(self, lam: float) -> np.ndarray:
+        """[B, n, d] accumulating eligibility traces e_i = sum_{j<=i} (gamma lam)^{i-j} phi_j (kept per lam)."""
+        cache = self.__dict__.setdefault("_traces", {})
+        if lam in cache:
+            return cache[lam]
+        E = np.zeros_like(self.phi)
+        e = np.zeros(self.phi.shape[::2])
+        for i in range(self.phi.shape[1]):
+            e = self.gamma * lam * e + self.phi[:, i]
+            E[:, i] = e
+        cache[lam] = E
+        return E
+
+
+@dataclass
+class Trace:
+    """A candidate's run: output and internal quantities after each step k = 0..K."""
+
+    outputs: np.ndarray
+    """[B, K+1, k] the output after k steps (k = 0: before any update)."""
+    internals: dict[str, np.ndarray]
+    """name -> [B, K+1, n]: per context column, after k steps (e.g. td_error, value)."""
+    closed_form: bool = False
+    """A closed form (no steps): every k holds the same output."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate algorithm."""
+
+    name: str
+    description: str
+    run: Callable[[Transitions, dict, int], Trace]
+    """run(transitions, hyperparameters, K) -> Trace."""
+    grid: dict = field(default_factory=dict)
+    """hyperparameter name -> values `fit` tries (empty: nothing to fit)."""
+    needs: Callable[[Transitions], str | None] = lambda tr: None
+    """None when the candidate applies to the transitions, else why not."""
+
+
+# ------------------------------------------------------------------ the linear iteration
+def _values(phi: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """[B, n] phi_i . w per prompt (a batched matrix product: einsum does not use BLAS here)."""
+    return (phi @ w[:, :, None])[..., 0]
+
+
+def _weighted(u: np.ndarray, phi: np.ndarray) -> np.ndarray:
+    """[B, d] sum_i u_i phi_i per prompt."""
+    return (u[:, None, :] @ phi)[:, 0]
+
+
+def _output(tr: Transitions, w: np.ndarray, lam: np.ndarray | None = None) -> np.ndarray:
+    """The output of parameters w [B, d] (and lam [B, m]): the query value, the value of S_n, or [w; lam]."""
+    if tr.phi_query is not None:
+        return (w * tr.phi_query).sum(-1)[:, None]
+    if tr.x is not None:  # the linear candidates on a trajectory S_0..S_n: the value of S_n = phi'_{n-1}
+        return (w * tr.phi_next[:, -1]).sum(-1)[:, None]
+    if tr.lam0 is not None:
+        return np.concatenate([w, tr.lam0 if lam is None else lam], axis=-1)
+    return w
+
+
+def _iterate(tr: Transitions, K: int, alpha: float, error, D: np.ndarray, error_name: str = "td_error") -> Trace:
+    """w_{k+1} = w_k + (alpha/n) sum_i e_i(w_k) D_i, with e = error(w, v) (v = w.phi_i: the values, computed
+    once per step); internals: the errors e and the values v per column."""
+    K = V.count("steps", K, 0)
+    n = tr.shape[1]
+    w = tr.w0.copy()
+    outs, errs, vals = [], [], []
+    for k in range(K + 1):
+        v = _values(tr.phi, w)
+        e = error(w, v)
+        outs.append(_output(tr, w))
+        errs.append(e)
+        vals.append(v)
+        if k < K:
+            w = w + (alpha / n) * _weighted(e, D)
+    return Trace(np.stack(outs, 1), {error_name: np.stack(errs, 1), "value": np.stack(vals, 1)})
+
+
+def td_error(tr: Transitions, w: np.ndarray, next_values: np.ndarray | None = None,
+             values: np.ndarray | None = None) -> np.ndarray:
+    """[B, n] delta_i = r_i + gamma v'_i - w.phi_i with v'_i = w.phi'_i (or the given successor values)."""
+    nxt = _values(tr.phi_next, w) if next_values is None else next_values
+    return tr.rewards + tr.gamma * nxt - (_values(tr.phi, w) if values is None else values)
+
+
+def _td(tr: Transitions):
+    return lambda w, v: td_error(tr, w, values=v)
+
+
+def td_lambda(tr: Transitions, alpha: float, K: int, lam: float = 0.0) -> Trace:
+    """Batch TD(lambda) with accumulating traces along the context; lam = 0 is batch TD(0)."""
+    return _iterate(tr, K, alpha, _td(tr), tr.phi if lam == 0 else tr.traces(lam))
+
+
+def residual_gradient(tr: Transitions, alpha: float, K: int) -> Trace:
+    """Residual-gradient TD: descent on (1/2n) sum_i delta_i^2, u_i = delta_i (phi_i - gamma phi'_i)."""
+    return _iterate(tr, K, alpha, _td(tr), tr.phi - tr.gamma * tr.phi_next)
+
+
+def mc_regression(tr: Transitions, alpha: float, K: int) -> Trace:
+    """Gradient descent on the Monte-Carlo regression (1/2n) sum_i (G_i - w.phi_i)^2."""
+    G = tr.returns()
+    trace = _iterate(tr, K, alpha, lambda w, v: G - v, tr.phi, "mc_error")
+    trace.internals["return"] = np.broadcast_to(G[:, None], trace.internals["value"].shape).copy()
+    return trace
+
+
+def lstd_weights(tr: Transitions) -> np.ndarray:
+    """[B, d] the LSTD solution A^+ b, A = (1/n) sum_i phi_i (phi_i - gamma phi'_i)^T, b = (1/n) sum_i r_i phi_i
+    (the minimum-norm least-squares solution where A is singular)."""
+    n = tr.shape[1]
+    A = np.einsum("bnd,bne->bde", tr.phi, tr.phi - tr.gamma * tr.phi_next) / n
+    b = np.einsum("bn,bnd->bd", tr.rewards, tr.phi) / n
+    return np.stack([np.linalg.lstsq(A[i], b[i], rcond=1e-12)[0] for i in range(A.shape[0])])
+
+
+def lstd(tr: Transitions, hyper: dict, K: int) -> Trace:
+    """LSTD's closed form, repeated at every step k (it has none)."""
+    w = lstd_weights(tr)
+    K = V.count("steps", K, 0)
+    rep = lambda a: np.repeat(a[:, None], K + 1, axis=1)  # noqa: E731
+    return Trace(rep(_output(tr, w)), {"td_error": rep(td_error(tr, w)), "value": rep(_values(tr.phi, w))},
+                 closed_form=True)
+
+
+# ------------------------------------------------------------------ control
+def expected_next(tr: Transitions) -> np.ndarray:
+    """[B, n, d] sum_a pi(a|s'_i) phi(s'_i, a): expected SARSA's successor features."""
+    return np.einsum("bna,bnad->bnd", tr.next_policy, tr.next_options)
+
+
+def greedy_values(tr: Transitions, w: np.ndarray) -> np.ndarray:
+    """[B, n] max_a w.phi(s'_i, a): Q-learning's successor values."""
+    B, n, A, d = tr.next_options.shape
+    return (tr.next_options.reshape(B, n * A, d) @ w[:, :, None]).reshape(B, n, A).max(-1)
+
+
+def expected_sarsa(tr: Transitions, alpha: float, K: int) -> Trace:
+    return td_lambda(replace(tr, phi_next=expected_next(tr)), alpha, K)
+
+
+def q_learning(tr: Transitions, alpha: float, K: int) -> Trace:
+    return _iterate(tr, K, alpha, lambda w, v: td_error(tr, w, greedy_values(tr, w), v), tr.phi)
+
+
+def actor_critic(tr: Transitions, alpha: float, beta: float, K: int) -> Trace:
+    """Critic w += (beta/n) sum_i delta_i phi_i; actor lam += (alpha/n) sum_i gamma^i delta_i g_i (as
+    `reference.actor_critic_update`, iterated K times with the scores of the prompt)."""
+    K = V.count("steps", K, 0)
+    w, lam = tr.w0.copy(), tr.lam0.copy()
+    outs, errs, vals = [], [], []
+    for k in range(K + 1):
+        outs.append(_output(tr, w, lam))
+        errs.append(td_error(tr, w))
+        vals.append(_values(tr.phi, w))
+        if k < K:
+            w, lam = reference.actor_critic_update(tr.phi, tr.phi_next, tr.rewards, tr.scores, w, lam, tr.gamma,
+                                                   alpha, beta)
+    return Trace(np.stack(outs, 1), {"td_error": np.stack(errs, 1), "value": np.stack(vals, 1)})
+
+
+# ------------------------------------------------------------------ softmax kernels
+def _kernel_trace(t: reference.SoftmaxTDTrace) -> Trace:
+    return Trace(t.values[:, :, -1:], {"td_error": t.td_errors, "value": t.values[:, :, :-1]})
+
+
+def softmax_td(tr: Transitions, alpha: float, scale: float, K: int) -> Trace:
+    rewards = tr.rewards
+    return _kernel_trace(reference.weighted_softmax_td(tr.x, rewards, tr.gamma, alpha, K,
+                                                       A11=scale * np.eye(tr.x.shape[-1])))
+
+
+def tabular_td(tr: Transitions, alpha: float, K: int) -> Trace:
+    return _kernel_trace(reference.tabular_td(tr.states, tr.rewards, tr.gamma, alpha, K))
+
+
+# ------------------------------------------------------------------ the candidate set
+def _need(field_name: str, why: str):
+    return lambda tr: None if getattr(tr, field_name) is not None else why
+
+
+def _evaluation(tr: Transitions) -> str | None:
+    return None if not tr.control else "a control task (the output is parameters): see batch_sarsa and its kin"
+
+
+def _control(tr: Transitions) -> str | None:
+    return None if tr.control else "not a control task (the output is a value)"
+
+
+def _all(*checks):
+    def need(tr):
+        for check in checks:
+            why = check(tr)
+            if why:
+                return why
+        return None
+    return need
+
+
+ALPHA = {"alpha": ALPHA_GRID}
+
+
+def _linear_set() -> list[Candidate]:
+    out = [
+        Candidate("td0", "batch TD(0): w += (alpha/n) sum_i delta_i phi_i",
+                  lambda tr, h, K: td_lambda(tr, h["alpha"], K), ALPHA, _evaluation),
+        Candidate("batch_sarsa", "batch semi-gradient SARSA: w += (alpha/n) sum_i delta_i phi(s_i, a_i), "
+                  "delta_i bootstrapping on the sampled next action",
+                  lambda tr, h, K: td_lambda(tr, h["alpha"], K), ALPHA, _control),
+    ]
+    for lam in LAMBDAS:
+        out.append(Candidate(f"td_lambda_{lam:g}", f"batch TD(lambda = {lam:g}) with accumulating traces "
+                             "along the context", lambda tr, h, K, lam=lam: td_lambda(tr, h["alpha"], K, lam), ALPHA))
+    out += [
+        Candidate("residual_gradient", "residual-gradient TD: w += (alpha/n) sum_i delta_i (phi_i - gamma phi'_i)",
+                  lambda tr, h, K: residual_gradient(tr, h["alpha"], K), ALPHA),
+        Candidate("mc_regression", "Monte-Carlo return regression: w += (alpha/n) sum_i (G_i - w.phi_i) phi_i",
+                  lambda tr, h, K: mc_regression(tr, h["alpha"], K), ALPHA),
+        Candidate("lstd", "LSTD closed form w = A^+ b (the fixed point of batch TD(0))", lstd),
+        Candidate("expected_sarsa", "batch expected SARSA: bootstraps on sum_a pi(a|s') w.phi(s', a)",
+                  lambda tr, h, K: expected_sarsa(tr, h["alpha"], K), ALPHA,
+                  _all(_control, _need("next_options", "no features of every action at the next state"),
+                       _need("next_policy", "no behaviour policy at the next state"))),
+        Candidate("q_learning", "batch Q-learning: bootstraps on max_a w.phi(s', a)",
+                  lambda tr, h, K: q_learning(tr, h["alpha"], K), ALPHA,
+                  _all(_control, _need("next_options", "no features of every action at the next state"))),
+        Candidate("actor_critic", "actor-critic: SARSA critic (step beta) and policy-gradient actor (step alpha)",
+                  lambda tr, h, K: actor_critic(tr, h["alpha"], h["beta"], K),
+                  {"alpha": COARSE_GRID, "beta": COARSE_GRID},
+                  _all(_control, _need("scores", "no policy scores (not an actor-critic task)"))),
+        Candidate("softmax_td", "weighted softmax TD: v(S_j) += alpha sum_k softmax_k(scale x_{k-1}.x_j) delta_k",
+                  lambda tr, h, K: softmax_td(tr, h["alpha"], h["scale"], K), {**ALPHA, "scale": SCALE_GRID},
+                  _need("x", "no features of the trajectory's states (not a softmax-kernel task)")),
+        Candidate("tabular_td", "batch tabular TD: weighted TD with the visit-averaging kernel",
+                  lambda tr, h, K: tabular_td(tr, h["alpha"], K), ALPHA,
+                  _all(_need("x", "not a softmax-kernel task"), _need("states", "no state labels"))),
+    ]
+    return out
+
+
+CANDIDATES: dict[str, Candidate] = {c.name: c for c in _linear_set()}
+"""Every candidate, by name."""
+
+
+def applicable(tr: Transitions, names=None) -> tuple[list[Candidate], dict[str, str]]:
+    """(the candidates that apply to these transitions, {name: why not} for the others)."""
+    names = list(CANDIDATES) if names is None else list(names)
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        raise UserError(f"unknown candidate(s) {', '.join(unknown)} (known: {', '.join(CANDIDATES)})")
+    ok, why = [], {}
+    for name in names:
+        reason = CANDIDATES[name].needs(tr)
+        if reason is None:
+            ok.append(CANDIDATES[name])
+        else:
+            why[name] = reason
+    return ok, why
+
+
+# ------------------------------------------------------------------ fitting
+@dataclass
+class Fit:
+    """The hyperparameters and step k of one candidate that best match one target on training tasks."""
+
+    hyper: dict
+    step: int | None
+    """Best k (None for a closed form)."""
+    sse: float
+    """Sum of squared errors on the training prompts at the fit."""
+    sst: float
+    """Sum of squares of the target about its mean on the training prompts."""
+
+    def to_json(self) -> dict:
+        r2 = 1.0 - self.sse / self.sst if self.sst > 0 else None
+        return {"hyperparameters": {k: float(v) for k, v in self.hyper.items()}, "step": self.step,
+                "train_sse": self.sse, "train_r2": r2}
+
+
+def grid_points(c: Candidate) -> list[dict]:
+    """Every combination of the candidate's hyperparameter grid (one empty dict when it has none)."""
+    points = [{}]
+    for name, values in c.grid.items():
+        points = [{**p, name: float(v)} for p in points for v in values]
+    return points
+
+
+def fit(c: Candidate, tr: Transitions, targets: np.ndarray, K: int) -> list[Fit]:
+    """Per target l (targets [L, B, k]): the grid point and step k <= K whose output has the least squared
+    error against target l on these (training) prompts."""
+    targets = np.asarray(targets, dtype=np.float64)
+    L = targets.shape[0]
+    best: list[Fit | None] = [None] * L
+    sst = ((targets - targets.mean(1, keepdims=True)) ** 2).sum((1, 2))
+    closed = False
+    for hyper in grid_points(c):
+        with np.errstate(all="ignore"):
+            trace = c.run(tr, hyper, K)
+        closed = trace.closed_form
+        sse = ((trace.outputs[None] - targets[:, :, None]) ** 2).sum((1, 3))  # [L, K+1]
+        sse = np.where(np.isfinite(sse), sse, np.inf)
+        for l in range(L):
+            k = int(np.argmin(sse[l]))
+            if best[l] is None or sse[l, k] < best[l].sse:
+                best[l] = Fit(hyper, k, float(sse[l, k]), float(sst[l]))
+    for f in best:
+        if f.sse == np.inf:
+            raise UserError(f"candidate {c.name} diverges for every step size on these tasks")
+        if closed:
+            f.step = None
+    return best
