@@ -6,7 +6,7 @@
 The same as `examples/run_all.sh` (the command line), through the Python API:
 
     model = icrl_interp.models.user.load("examples/torch_model.py:make", "torch_model.safetensors")
-    icrl_interp.record(model, "linear-td", "torch.h5", task_options={"d": 4, "n": 30, "layers": 3},
+    icrl_interp.record(model, "linear-td", "torch.h5", task_options={"d": 4, "n": 30, "n_layers": 3},
                        probe="examples/torch_model.toml", tasks=2048)
     icrl_interp.analyze("torch.h5")                                     # the analysis dict
     icrl_interp.interventions.causal.causal_test(model, task, layer=0, probe=...)     # the causal section

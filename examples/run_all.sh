@@ -16,7 +16,7 @@ TASKS=${TASKS:-2048}        # prompts recorded per model
 CAUSAL_TASKS=${CAUSAL_TASKS:-256}
 THREADS=${THREADS:-1}       # torch threads for training: one is fastest for these tiny products on a busy box
 MODELS=${MODELS:-torch tl}  # which example models
-TASK=(--task linear-td --d 4 --n 30 --layers 3)   # the task the models are trained on
+TASK=(--task linear-td --d 4 --n 30 --n-layers 3)   # the task the models are trained on
 mkdir -p "$OUT"
 
 REPORT_INPUTS=()
@@ -32,7 +32,7 @@ for X in $MODELS; do
   echo "== $X: record"
   rm -f "$OUT/$X.h5"   # record refuses to overwrite a recording
   "$BIN/icrl-interp" record --model "examples/${X}_model.py:make" --weights "$W" "${TASK[@]}" \
-      ${PROBE[@]+"${PROBE[@]}"} --tasks "$TASKS" --out "$OUT/$X.h5" --quiet
+      ${PROBE[@]+"${PROBE[@]}"} --tasks "$TASKS" --out "$OUT/$X.h5" --no-progress
 
   echo "== $X: analyze"
   "$BIN/icrl-interp" analyze "$OUT/$X.h5" --json "$OUT/$X.json"

@@ -1,7 +1,7 @@
 """A TransformerLens HookedTransformer that predicts the value of the query state, fed by a linear embedding.
 
     icrl-interp record --model examples/tl_model.py:make --weights tl_model.safetensors \
-        --task linear-td --d 4 --n 30 --layers 3 --out tl.h5
+        --task linear-td --d 4 --n 30 --n-layers 3 --out tl.h5
 
 The wrapper embeds the task's prompts z[batch, pos, 9] with its own nn.Linear and runs the
 HookedTransformer from the residual stream (`self.tl(x, start_at_layer=0)`: TransformerLens skips its

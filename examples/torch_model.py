@@ -1,7 +1,7 @@
 """A plain PyTorch transformer (nn.MultiheadAttention blocks) that predicts the value of the query state.
 
     icrl-interp record --model examples/torch_model.py:make --weights torch_model.safetensors \
-        --task linear-td --d 4 --n 30 --layers 3 --probe examples/torch_model.toml --out torch.h5
+        --task linear-td --d 4 --n 30 --n-layers 3 --probe examples/torch_model.toml --out torch.h5
 
 The module takes the task's prompts z[batch, pos, 9] (linear-td with d = 4: phi, gamma*phi', r per
 transition, the query state's phi in the last position), embeds them with its own nn.Linear, runs

@@ -1,6 +1,6 @@
 """Train an example model to predict the value of the query state on the linear-td task.
 
-The task is the one `icrl-interp record --task linear-td --d 4 --n 30 --layers 3` records on
+The task is the one `icrl-interp record --task linear-td --d 4 --n 30 --n-layers 3` records on
 (`icrl_interp.models.construct.task_config`): randomized Boyan chains with 10 states, random features in
 R^4, gamma 0.9, n = 30 context transitions and a query state. Every prompt z[batch, 31, 9] is one
 fresh chain; the last position holds the query state's features.
@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 TASK = "linear-td"
-TASK_OPTIONS = {"d": 4, "n": 30, "layers": 3}
-"""The task the examples are trained and recorded on (the flags --d 4 --n 30 --layers 3)."""
+TASK_OPTIONS = {"d": 4, "n": 30, "n_layers": 3}
+"""The task the examples are trained and recorded on (the flags --d 4 --n 30 --n-layers 3)."""
 HELD_OUT_SEED = 20_000
 """Seed of the held-out tasks the value error is measured on (training uses other streams)."""
 
@@ -96,7 +96,7 @@ def fit(make, steps: int = 1200, seed: int = 0, out=None, *, batch_size: int = 2
     reference = float(((ref_test - v_test) ** 2).mean()) ** 0.5
     mean_rmse = float(v_test.std(unbiased=False))
     say(f"held-out value error before training: RMSE {before['rmse']:.3f} (unexplained {before['unexplained']:.2f}); "
-        f"predicting the mean: {mean_rmse:.3f}; batch TD ({TASK_OPTIONS['layers']} steps): {reference:.3f}")
+        f"predicting the mean: {mean_rmse:.3f}; batch TD ({TASK_OPTIONS['n_layers']} steps): {reference:.3f}")
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     warmup = max(1, steps // 20)

@@ -6,9 +6,9 @@ model modules do, on first use). Families are looked up in `icrl_interp.families
 from . import _compat
 from ._version import __version__
 from .core.errors import UserError
-from .tasks.layouts import Prompt, PromptLayout
-from .tasks import envs, layouts, reference
 from .families import registry
+from .tasks import envs, layouts, reference
+from .tasks.layouts import Prompt, PromptLayout
 
 
 def layout_for(family: str, d: int, m: int | None = None) -> PromptLayout:

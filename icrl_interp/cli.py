@@ -2,7 +2,8 @@
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and
 `run(args) -> int`; heavy imports (torch, transformer_lens) stay inside `run`
-so that `--help` is instant. A `UserError` prints as one line and exits 2, and so does an
+so that `--help` is instant. Every flag is one of `core.vocabulary.FLAGS`, and the old spellings of
+`core.vocabulary.RENAMED` are refused in one line naming the new one. A `UserError` prints as one line and exits 2, and so does an
 `OSError` (a permission, a full disk: the environment, not a bug) or running out of memory.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib
 import sys
 
 from ._version import __version__
+from .core import vocabulary
 from .core.errors import UserError, one_line
 
 # name -> (module, one-line help). Add a line here when a command lands.
@@ -50,7 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(module)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
+        _refuse_renamed(p, name)
     return parser
+
+
+def _refuse_renamed(parser: argparse.ArgumentParser, command: str) -> None:
+    """The old spellings of `core.vocabulary.RENAMED` refused by `command` and its sub-commands (one line each)."""
+    vocabulary.refuse_renamed(parser, command)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                _refuse_renamed(child, f"{command} {name}")
 
 
 def main(argv: list[str] | None = None) -> int:

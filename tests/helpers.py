@@ -143,4 +143,4 @@ class Net(nn.Module):
 
 
 ROLES = {"resid_post": "blocks.{layer}", "pattern": "blocks.{layer}.attn#1", "readout": ["ln_f", "head"]}
-TASK = {"d": 4, "n": 8, "layers": 2}
+TASK = {"d": 4, "n": 8, "n_layers": 2}

@@ -48,7 +48,7 @@ def test_main_without_a_command_prints_help(capsys):
 
 
 def test_envs_boyan_prints_the_exact_values(capsys):
-    assert cli.main(["envs", "boyan", "--tasks", "2", "--states", "5", "--seed", "3"]) == 0
+    assert cli.main(["envs", "boyan", "--tasks", "2", "--n-states", "5", "--prompt-seed", "3"]) == 0
     out = capsys.readouterr().out
     mrp = envs.sample_boyan_chains(2, 5, gamma=0.9, rng=3)
     v, mu = mrp.values(), mrp.stationary()
@@ -61,7 +61,7 @@ def test_envs_boyan_prints_the_exact_values(capsys):
 
 
 def test_envs_mdp_prints_returns(capsys):
-    assert cli.main(["envs", "mdp", "--tasks", "2", "--states", "3", "--actions", "2"]) == 0
+    assert cli.main(["envs", "mdp", "--tasks", "2", "--n-states", "3", "--n-actions", "2"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     mdp = envs.sample_tabular_mdps(2, 3, 2, 0.5, rng=0)
     _, _, best = mdp.optimal()
@@ -73,7 +73,7 @@ def test_envs_mdp_prints_returns(capsys):
     "argv, words",
     [
         (["envs", "boyan", "--gamma", "1.5"], ["gamma", "[0, 1)"]),
-        (["envs", "boyan", "--states", "2"], ["at least 3 states"]),
+        (["envs", "boyan", "--n-states", "2"], ["at least 3 states"]),
         (["envs", "mdp", "--gamma", "-0.1"], ["gamma"]),
         (["envs", "boyan", "--tasks", "0"], ["number of tasks", ">= 1"]),
     ],

@@ -163,7 +163,7 @@ def test_a_bad_line_is_reported_with_its_file_and_line(tmp_path):
                    "icrl-interp verdict REC.h5 --figure\n```\n")
     failures = doc_failures(doc)
     assert [f.split(": icrl-interp")[0] for f in failures] == [f"{doc}:1", f"{doc}:5", f"{doc}:7", f"{doc}:8"]
-    assert "--nope" in failures[0] and "--bogus-flag" in failures[1] and "invalid int value: 'N'" in failures[2]
+    assert "--nope" in failures[0] and "--bogus-flag" in failures[1] and "expected int, got 'N'" in failures[2]
     assert "--figure: expected one argument" in failures[3]  # in a code block a flag needs its value
 
 
@@ -181,15 +181,15 @@ MODEL = ["--model", str(REPO / "examples" / "torch_model.py") + ":make", "--task
          "--n", "6", "--probe", str(REPO / "examples" / "torch_model.toml")]
 """The documented example model (examples/torch_model.py) on a tiny linear-td task."""
 SMALL = ["--tasks", "12", "--batch-size", "6"]
-VERDICT = ["--bootstrap", "10", "--causal-draws", "2", "--causal-tasks", "4"]
+VERDICT = ["--bootstrap", "10", "--random-draws", "2", "--causal-tasks", "4"]
 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     """A tiny θ* checkpoint (linear-td, d 2, n 6, 2 layers) and its recording."""
     t = tmp_path_factory.mktemp("doc-runs")
-    assert cli.main(["construct", "linear-td", "--out", str(t / "ck"), "--d", "2", "--n", "6", "--layers", "2"]) == 0
-    assert cli.main(["record", str(t / "ck"), "--out", str(t / "rec.h5"), *SMALL, "--quiet"]) == 0
+    assert cli.main(["construct", "linear-td", "--out", str(t / "ck"), "--d", "2", "--n", "6", "--n-layers", "2"]) == 0
+    assert cli.main(["record", str(t / "ck"), "--out", str(t / "rec.h5"), *SMALL, "--no-progress"]) == 0
     return t
 
 
@@ -202,14 +202,14 @@ def run(argv: list[str]) -> None:
 
 
 def test_record_each_input_form(work, tmp_path):
-    run(["record", str(work / "ck"), "--out", str(tmp_path / "a.h5"), *SMALL, "--quiet"])  # checkpoint
-    run(["record", *MODEL, "--out", str(tmp_path / "m.h5"), *SMALL, "--quiet"])  # --model
+    run(["record", str(work / "ck"), "--out", str(tmp_path / "a.h5"), *SMALL, "--no-progress"])  # checkpoint
+    run(["record", *MODEL, "--out", str(tmp_path / "m.h5"), *SMALL, "--no-progress"])  # --model
     z = np.random.default_rng(0).standard_normal((6, 7, 5))  # linear-td d 2: 2d + 1 rows, n + 1 columns
     np.savez(tmp_path / "p.npz", z=z)
     run(["record", str(work / "ck"), "--prompts", str(tmp_path / "p.npz"), "--out", str(tmp_path / "p.h5"),
-         "--quiet"])  # --prompts
+         "--no-progress"])  # --prompts
     run(["record", str(work / "ck"), "--out", str(tmp_path / "l.h5"), "--also-analyze", "--json",
-         str(tmp_path / "l.json"), *SMALL, "--quiet"])  # analyzed live as it records
+         str(tmp_path / "l.json"), *SMALL, "--no-progress"])  # analyzed live as it records
     import h5py
 
     with h5py.File(tmp_path / "m.h5") as f:
@@ -252,7 +252,7 @@ def test_verdict_each_input_form(work, tmp_path):
     run(["verdict", str(work / "rec.h5"), "--bootstrap", "10", "--json", str(tmp_path / "r.json")])  # recording
     run(["verdict", str(work / "ck"), *SMALL, *VERDICT, "--json", str(tmp_path / "c.json")])  # checkpoint
     run(["verdict", *MODEL, *SMALL, *VERDICT, "--json", str(tmp_path / "m.json")])  # --model
-    run(["record", *MODEL, "--out", str(tmp_path / "m.h5"), *SMALL, "--quiet"])
+    run(["record", *MODEL, "--out", str(tmp_path / "m.h5"), *SMALL, "--no-progress"])
     run(["verdict", str(tmp_path / "m.h5"), MODEL[0], MODEL[1], *VERDICT, "--json",
          str(tmp_path / "rm.json")])  # a recording with its model: the recording's [roles] edit the model
     v = {k: _json(tmp_path / f"{k}.json") for k in ("r", "c", "m", "rm")}
@@ -272,11 +272,11 @@ def test_report_inspect_control_construct_train_envs(work, tmp_path, capsys):
     rows = _json(tmp_path / "rep" / "summary.json")["rows"]
     assert [r["kind"] for r in rows] == ["checkpoint", "recording"] and all(r["status"] == "ok" for r in rows)
     run(["inspect", str(work / "ck")])
-    run(["control", str(REPO / "data" / "checkpoints" / "sarsa"), "--mdps", "2", "--steps", "2", "--no-progress",
+    run(["control", str(REPO / "data" / "checkpoints" / "sarsa"), "--mdps", "2", "--iterations", "2", "--no-progress",
          "--json", str(tmp_path / "ctl.json")])
     assert _json(tmp_path / "ctl.json")["schema"].startswith("icrl_interp.control/")
-    run(["construct", "actor-critic", "--out", str(tmp_path / "ac"), "--states", "2", "--actions", "2", "--n", "6"])
+    run(["construct", "actor-critic", "--out", str(tmp_path / "ac"), "--n-states", "2", "--n-actions", "2", "--n", "6"])
     run(["train", "sarsa", "--out", str(tmp_path / "run"), "--n-states", "2", "--n-actions", "2", "--n", "8",
-         "--batch", "4", "--eval-tasks", "4", "--steps", "2", "--no-progress", "--no-eval"])
-    run(["envs", "boyan", "--tasks", "2", "--states", "4"])
+         "--tasks-per-step", "4", "--eval-tasks", "4", "--steps", "2", "--no-progress", "--no-eval"])
+    run(["envs", "boyan", "--tasks", "2", "--n-states", "4"])
     assert "step_000002" in capsys.readouterr().out or (tmp_path / "run" / "checkpoints").is_dir()

@@ -1,6 +1,8 @@
 """mkdocs hook: generate the CLI reference from the argparse parsers.
 
-A page that contains the marker `<!-- cli-reference -->` gets it replaced by the
+A page that contains the marker `<!-- flag-vocabulary -->` gets the tables of
+`icrl_interp.core.vocabulary` (every flag with its meaning and commands; the old spellings);
+a page that contains the marker `<!-- cli-reference -->` gets it replaced by the
 `--help` text of `icrl-interp` and of every subcommand in `icrl_interp.cli.COMMANDS`,
 built in-process (no subprocess, nothing hand-copied). Each subcommand module is
 imported the way the CLI imports it; a module that fails to import, or a
@@ -16,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 MARKER = "<!-- cli-reference -->"
+VOCABULARY = "<!-- flag-vocabulary -->"
+"""Replaced by the tables of `icrl_interp.core.vocabulary`: every flag, and the old spellings refused."""
 WIDTH = 100  # help text is wrapped at this many columns, whatever the terminal
 
 
@@ -102,14 +106,31 @@ def render(sections: list[tuple[str, str]]) -> str:
     return "\n".join(parts)
 
 
+def vocabulary_tables(repo_root: Path | None = None) -> str:
+    """Markdown: the flag vocabulary (flag, meaning, commands) and the old spellings with their new ones."""
+    _ensure_importable(repo_root)
+    vocabulary = importlib.import_module("icrl_interp.core.vocabulary")
+    cell = lambda text: text.replace("|", "\\|")  # noqa: E731
+    rows = ["| flag | meaning | commands |", "|---|---|---|"]
+    rows += [f"| `{name}` | {cell(f.meaning)} | {', '.join(f.commands)} |"
+             for name, f in sorted(vocabulary.FLAGS.items())]
+    old = ["| old spelling | command | now |", "|---|---|---|"]
+    old += [f"| `{name}` | {command} | {', '.join(f'`{n}`' for n in new)} |"
+            for name, where in sorted(vocabulary.RENAMED.items()) for command, new in where.items()]
+    return "\n".join(rows) + "\n\nOld spellings, each refused in one line naming the new one:\n\n" + "\n".join(old) + "\n"
+
+
 def on_page_markdown(markdown, page, config, files, **kwargs):  # mkdocs event
-    if MARKER not in markdown:
+    if MARKER not in markdown and VOCABULARY not in markdown:
         return markdown
     from mkdocs.exceptions import PluginError
 
     repo_root = Path(config.config_file_path).resolve().parent if config.config_file_path else None
     try:
-        reference = render(cli_help_sections(repo_root))
+        if VOCABULARY in markdown:
+            markdown = markdown.replace(VOCABULARY, vocabulary_tables(repo_root))
+        if MARKER in markdown:
+            markdown = markdown.replace(MARKER, render(cli_help_sections(repo_root)))
     except CLIReferenceError as e:
         raise PluginError(f"CLI reference ({page.file.src_path}): {e}") from e
-    return markdown.replace(MARKER, reference)
+    return markdown

@@ -3,6 +3,10 @@
 Array-level functions on float64 numpy arrays, batched over tasks (leading axis).
 Definitions: docs/concepts.md, sections Linear-attention TD(0) (VD, SS, IWS) and Softmax TD
 (value error).
+
+The registered analyzer 'value_error' (`base.Analyzer`): the value each layer's residual stream holds
+where the task family's output sits (`ValueStream` per layer), against v_π and the reference
+algorithm at the same depth, and its convergence with depth (`depth_summary`).
 """
 from __future__ import annotations
 
@@ -12,7 +16,13 @@ import numpy as np
 from jaxtyping import Float, Int
 
 from ..core.errors import UserError
+from ..families.registry import Hints
 from ..tasks.layouts import PromptLayout
+from . import inputs
+from .base import Analyzer, Chunk, Column, Layers, guard
+from .keys import CONVERGENCE, LAYERS, REFERENCE_VALUE_ERROR, VALUE_ERROR, any_layer, last_layer
+from .registry import register
+from .streams import TASK_KEY, PerTask, mean_or_none
 
 Array = np.ndarray
 
@@ -161,3 +171,166 @@ def depth_summary(layers, errors, reference=None) -> dict | None:
         last = ref.get(ls[-1])
         out["last_over_reference"] = es[-1] / last if last else None
     return out
+
+
+# ------------------------------------------------------------------ the analyzer
+class ValueStream:
+    """Value error of layer l read from hook_resid_post where the task family's output sits
+    (`Hints.output`): 'query' (the readout of the last position, against v_pi of the query state),
+    'positions' (block `value_block` of every position, per-state against v_pi) or 'parameters'
+    (blocks `output_blocks` of the last position, against the reference update)."""
+
+    def __init__(self, hints: Hints, layer, layout, ds, pos, has_tasks, has_ref_values, per_task_max: int = 0):
+        self.hints, self.mode, self.layer, self.layout = hints, hints.output, layer, layout
+        if self.mode not in ("query", "positions", "parameters"):
+            raise ValueError(f"unknown output kind {self.mode!r} in the family's hints")
+        self.path = f"acts/blocks.{layer}.hook_resid_post"
+        self.p = inputs.positions(ds.attrs, ds.shape, 1, pos, self.path[5:])
+        self.pos, self.has_tasks, self.has_ref = pos, has_tasks, has_ref_values
+        self.sum = {"err": 0.0, "rms": 0.0, "ref_err": 0.0, "ref_rms": 0.0, "rel": 0.0}
+        self.count = {"err": 0, "ref_err": 0, "rel": 0}
+        self.gap = 0.0
+        self.per_task = PerTask((VALUE_ERROR, REFERENCE_VALUE_ERROR), per_task_max)
+        if self.mode in ("query", "parameters") and self.p[-1] != pos - 1:
+            raise ValueError("the last (query / parameter) position is not recorded")
+
+    def _add(self, key, errs, rms=None):
+        ok = np.isfinite(errs)
+        self.sum[key] += float(errs[ok].sum())
+        if rms is not None:
+            self.sum[key.replace("err", "rms")] += float(rms[ok].sum())
+        self.count[key] += int(ok.sum())
+
+    def _output_columns(self, z_last: np.ndarray) -> np.ndarray:
+        """The output blocks of the last position, concatenated in hint order."""
+        return np.concatenate([z_last[..., self.layout.slice(b)] for b in self.hints.output_blocks], axis=-1)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.path, "prompts/state", "tasks/values", "tasks/stationary", "reference/values",
+                "reference/output")
+
+    def update(self, chunk: Chunk) -> None:
+        data = chunk.data
+        z = data[self.path]
+        err = ref_err = None  # per prompt, for the per-task values
+        if self.mode == "positions":
+            v_pos = z[:, :, self.layout.slice(self.hints.value_block).start].astype(np.float64)
+            if self.has_ref:
+                ref = data["reference/values"][:, self.layer + 1][:, self.p]
+                self.gap = max(self.gap, float(np.max(np.abs(v_pos - ref), initial=0.0)))
+            if self.has_tasks:
+                states = data["prompts/state"][:, self.p]
+                v_true, mu = data["tasks/values"], data["tasks/stationary"]
+                S = v_true.shape[-1]
+                err, rms = value_errors(state_values(v_pos, states, S), v_true, mu)
+                self._add("err", err, rms)
+                if self.has_ref:
+                    ref_err, rms = value_errors(state_values(ref, states, S), v_true, mu)
+                    self._add("ref_err", ref_err, rms)
+        elif self.mode == "query":
+            v = self.layout.readout(z)[:, 0].astype(np.float64)
+            if self.has_ref:
+                ref = data["reference/values"][:, self.layer + 1, 0]
+                self.gap = max(self.gap, float(np.max(np.abs(v - ref), initial=0.0)))
+            if self.has_tasks:
+                q = data["prompts/state"][:, -1]
+                v_true = np.where(q >= 0, np.take_along_axis(data["tasks/values"], np.maximum(q, 0)[:, None], 1)[:, 0], np.nan)
+                err = np.abs(v - v_true)
+                self._add("err", err, err ** 2)  # value_rms = sqrt(mean err^2), a root mean square
+                if self.has_ref:
+                    ref_err = np.abs(ref - v_true)
+                    self._add("ref_err", ref_err, ref_err ** 2)
+        else:  # the updated parameters in the last column against the teacher's update
+            teacher = data["reference/output"]
+            out = self._output_columns(z[:, -1].astype(np.float64))
+            if out.shape[-1] != teacher.shape[-1]:
+                raise UserError(f"reference output has width {teacher.shape[-1]}, the output blocks "
+                                f"{', '.join(self.hints.output_blocks)} {out.shape[-1]}")
+            err, rel = teacher_distance(out, teacher)
+            self._add("err", err)
+            self._add("rel", rel)
+            self.gap = max(self.gap, float(np.max(err, initial=0.0)))
+        if err is not None and TASK_KEY in data:
+            nan = np.full(err.shape, np.nan)
+            self.per_task.update(data[TASK_KEY], value_error=err, reference_value_error=nan if ref_err is None else ref_err)
+
+    def result(self) -> dict:
+        n, nr = self.count["err"], self.count["ref_err"]
+        out = {VALUE_ERROR: mean_or_none(self.sum["err"], n)}
+        per_task = self.per_task.result() if n else None
+        if self.mode == "parameters":
+            out["teacher_rel_err"] = mean_or_none(self.sum["rel"], self.count["rel"])
+            out["reference_gap"] = self.gap
+            if per_task is not None:
+                del per_task[REFERENCE_VALUE_ERROR]
+            out["value_error_per_task"] = per_task
+            return out
+        rms = self.sum["rms"] / n if n else None
+        out.update({"value_rms": math.sqrt(rms) if (self.mode == "query" and rms is not None) else rms,
+                    REFERENCE_VALUE_ERROR: mean_or_none(self.sum["ref_err"], nr),
+                    "reference_gap": self.gap if self.has_ref else None,
+                    "value_error_per_task": per_task})
+        return out
+
+
+class ValueLayers(Layers):
+    """The value error of every readable layer, and its convergence with depth (`depth_summary` over all
+    layers: None where a layer has no value error)."""
+
+    def __init__(self, streams: dict[int, ValueStream], reasons: dict, n_layers: int):
+        super().__init__(streams, reasons, VALUE_ERROR, lambda layer, res: res)
+        self.n_layers = n_layers
+
+    def finalize(self) -> dict:
+        out = super().finalize()
+        by_layer, depth = out[LAYERS], list(range(self.n_layers))
+        errors = [by_layer.get(l, {}).get(VALUE_ERROR) for l in depth]
+        reference = [by_layer.get(l, {}).get(REFERENCE_VALUE_ERROR) for l in depth]
+        out[CONVERGENCE] = guard(self.reasons, CONVERGENCE, depth_summary, depth, errors, reference)
+        return out
+
+
+def _unreadable(ctx, layer: int) -> str:
+    """Why layer l's value error cannot be read: its hook_resid_post is not recorded, or not at the
+    layout's width (a model of a known family: the recording or the layout is wrong; a foreign model:
+    its residual stream has a basis of its own, and the readouts serve instead)."""
+    hook, foreign = f"blocks.{layer}.hook_resid_post", ctx.subject.model is None
+    if hook not in ctx.facts.hooks:
+        return (f"no {hook} recorded" if foreign else f"the recording lacks hook {hook}, which the value error needs; "
+                f"add blocks.*.hook_resid_post to the probe spec")
+    width, d_model = ctx.f[f"acts/{hook}"].shape[-1], ctx.layout.d_model
+    return (f"not applicable: {hook} has width {width}, not the layout's d_model {d_model}: the model's residual "
+            f"stream is not in the prompt layout (see readouts)" if foreign else
+            f"failed: hook {hook} has width {width} but the layout has d_model {d_model}: the layout does not fit")
+
+
+def open_value_error(ctx):
+    """A `ValueStream` per layer whose hook_resid_post is in the layout (`Facts.readable`)."""
+    facts, f = ctx.facts, ctx.f
+    if ctx.layout is None:
+        ctx.reasons[VALUE_ERROR] = "no prompt layout (pass --layout): the values cannot be read from the residual stream"
+    else:
+        for l in range(ctx.n_layers):
+            if l not in facts.readable:
+                ctx.reasons[f"{VALUE_ERROR}.layer{l}"] = _unreadable(ctx, l)
+    if not facts.has_tasks:
+        ctx.reasons[VALUE_ERROR] = f"no task data ({ctx.rec.attr('task_data', 'present')})"
+    streams = {}
+    for l in sorted(facts.readable) if ctx.hints is not None else ():
+        try:
+            streams[l] = ValueStream(ctx.hints, l, ctx.layout, f[f"acts/blocks.{l}.hook_resid_post"], facts.pos,
+                                     facts.has_tasks, "reference/values" in f, ctx.opts.per_task_max)
+        except (ValueError, UserError) as e:
+            ctx.reasons[f"{VALUE_ERROR}.layer{l}"] = str(e)
+    return ValueLayers(streams, ctx.reasons, ctx.n_layers)
+
+
+register(Analyzer(
+    name=VALUE_ERROR, open=open_value_error, roles=("resid_post",), layer_keys=(VALUE_ERROR,),
+    arrays=("prompts/state", "tasks/values", "tasks/stationary", "reference/values", "reference/output"),
+    summary="the value each layer's residual stream holds against v_π and the reference algorithm at that depth",
+    computed=lambda a: any_layer(a, VALUE_ERROR),
+    missing="not applicable: no residual stream in the prompt layout",
+    columns=(Column(VALUE_ERROR, "value error (last layer)", lambda a: last_layer(a, VALUE_ERROR), "{:.3g}", "v.err",
+                    "v.err: value error (last layer)"),)))

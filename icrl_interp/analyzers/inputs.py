@@ -19,11 +19,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..families import registry
 from ..core.errors import UserError
+from ..core.outputs import HDF5_MAGIC
+from ..families import registry
 from ..tasks.layouts import PromptLayout
-
-HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 RECORDING_SUFFIXES = (".h5", ".hdf5")
 STEP_DIR = re.compile(r"^step_(\d+)$")
 """Checkpoints of a training run: <run>/checkpoints/step_<n>/."""

@@ -12,6 +12,10 @@ of a task = its diagonal over the states that occur both as a target and as a so
 M_hat(s, s) = 0 whatever the kernel: that is missing context coverage, not a
 kernel property, so such rows are left out). A layer contracts in the infinity
 norm iff min_s M_hat(s, s) > (1 + gamma) / 2.
+
+Two registered analyzers (`base.Analyzer`): 'kernels' (M_hat of every recorded softmax pattern,
+`KernelStream` per layer) and 'population_kernel' (M_pi from a softmax score matrix and the tasks'
+features, `PopulationKernel`: a checkpoint's from tasks its sampler draws, a recording's from its tasks).
 """
 from __future__ import annotations
 
@@ -21,7 +25,17 @@ from dataclasses import dataclass, field
 import numpy as np
 from jaxtyping import Float, Int
 
+from ..core.errors import UserError
+from ..tasks.layouts import PromptLayout
+from . import inputs
+from .base import Analyzer, Chunk, Column, Layers, Once
+from .keys import KERNEL_DIAGONALITY, LABEL_FREE_DIAGONAL, LAYER, POPULATION_KERNEL, WEIGHTS, any_layer, get, layers, num
+from .registry import register
+from .streams import TASK_KEY, PerTask, dtype_attr, layer_param, mean_or_none
+
 Array = np.ndarray
+POPULATION_TASKS = 256
+"""Tasks drawn from a checkpoint's task distribution (seed 0) for its population kernel."""
 
 
 def onehot(states: Int[Array, "batch pos"], n_states: int) -> Float[Array, "batch pos s"]:
@@ -248,3 +262,247 @@ def chunk_kernel(pattern: Float[Array, "batch heads q k"], q_pos: Int[Array, " q
         same = np.trace(G[:, :, block, block], axis1=-2, axis2=-1).sum(axis=1)
         out["same_mass"] = same / (pattern.shape[1] * pattern.shape[2])
     return out
+
+
+# ------------------------------------------------------------------ the streams
+class PopulationKernel:
+    """M_pi per layer from the learned score block S_l[block, block] and tasks (features, mu_pi); `source`
+    says which tasks (the JSON's `tasks`)."""
+
+    paths = ("tasks/phi", "tasks/stationary")
+
+    def __init__(self, params: dict, layout: PromptLayout, n_layers: int, gamma: float, n_states: int,
+                 score: str = "A", block: str = "x", source: str = "recorded tasks"):
+        self.source = source
+        x = layout.slice(block)
+        self.A11 = []
+        for l in range(n_layers):
+            A = layer_param(params, l, score)
+            self.A11.append(None if A is None else np.asarray(A, dtype=np.float64)[x, x])
+        self.acc = [DiagonalityAccumulator(gamma, n_states) for _ in range(n_layers)]
+
+    def update(self, chunk: Chunk) -> None:
+        self.add(chunk.data["tasks/phi"], chunk.data["tasks/stationary"])
+
+    def add(self, phi: np.ndarray, mu: np.ndarray) -> None:
+        """Tasks' features [B, S, f] and stationary distributions [B, S]."""
+        done: dict[bytes, np.ndarray] = {}  # tied layers share A11: compute its kernel once
+        for A11, acc in zip(self.A11, self.acc):
+            if A11 is not None:
+                key = A11.tobytes()
+                if key not in done:
+                    done[key] = population_kernel(A11, phi, mu)
+                acc.update(done[key])
+
+    def result(self, source: str) -> list[dict]:
+        out = []
+        for l, acc in enumerate(self.acc):
+            res = acc.result(with_matrix=False)
+            if res is not None:
+                out.append({"layer": l, "tasks": source, **res})
+        return out
+
+    def finalize(self) -> dict:
+        return {POPULATION_KERNEL: self.result(self.source)}
+
+
+class KernelStream:
+    """Empirical state-aggregated kernel of layer l, and the label-free diagonal masses."""
+
+    def __init__(self, layer, ds, pos, gamma, n_states, layout, max_matrix_states, use_labels, bf16,
+                 per_task_max: int = 0, no_labels: str | None = None):
+        self.path = f"acts/blocks.{layer}.attn.hook_pattern"
+        shape = ds.shape
+        if len(shape) != 4 or shape[3] != pos:
+            raise UserError(f"hook {self.path[5:]} has shape {shape}, expected [N, heads, q, {pos}]")
+        self.q = inputs.positions(ds.attrs, shape, 2, pos, self.path[5:])
+        self.k = np.arange(pos)
+        self.heads = shape[1]
+        self.acc = [DiagonalityAccumulator(gamma, n_states) for _ in range(self.heads)] if use_labels else None
+        self.per_task = [PerTask(("mean", "min"), per_task_max) for _ in range(self.heads)] if use_labels else None
+        self.no_labels = no_labels or "no state labels (prompts/state is -1)"
+        self.n_states, self.max_matrix_states = n_states, max_matrix_states
+        self.feature_block = None
+        if layout is not None:
+            for name in ("x", "phi"):
+                if name in layout.names:
+                    self.feature_block = layout.slice(name)
+                    break
+        self.tol = 2e-2 if bf16 else 1e-4
+        self.stochastic = True
+        self.self_sum = self.same_sum = 0.0
+        self.count = 0
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return self.path, "prompts/state", "prompts/z"
+
+    def columns(self, data: dict, shared: dict) -> ChunkColumns:
+        """Source indicator columns of this chunk, built once and shared by all layers."""
+        if "kernel_columns" not in shared:
+            states = data["prompts/state"] if self.acc is not None else np.full(data["prompts/z"].shape[:2], -1)
+            codes = None
+            if self.feature_block is not None:
+                codes = feature_codes(feature_ids(data["prompts/z"][..., self.feature_block]))
+            shared["kernel_columns"] = ChunkColumns.build(states, self.n_states if self.acc is not None else 0, codes)
+        return shared["kernel_columns"]
+
+    def update(self, chunk: Chunk) -> None:
+        if not self.stochastic:
+            return
+        data = chunk.data
+        pat = data[self.path]  # kept in its recorded dtype; results are accumulated in float64
+        res = chunk_kernel(pat, self.q, self.columns(data, chunk.shared))
+        if np.max(np.abs(res["row_sums"] - 1.0), initial=0.0) > self.tol:
+            self.stochastic = False
+            return
+        if self.acc is not None:
+            for h, acc in enumerate(self.acc):
+                acc.update(res["M"][:, h])
+                if TASK_KEY in data and not self.per_task[h].over:
+                    mean, mins = task_diagonals(res["M"][:, h])
+                    self.per_task[h].update(data[TASK_KEY], mean=mean, min=mins)
+        self.self_sum += float(self_mass(pat, self.q, self.k).sum())
+        if "same_mass" in res:
+            self.same_sum += float(res["same_mass"].sum())
+        self.count += pat.shape[0]
+
+    def result(self) -> tuple[dict | None, dict | None, str | None]:
+        if not self.stochastic:
+            return None, None, ("not applicable: hook_pattern rows do not sum to 1 (an unnormalised kernel); "
+                                "diagonality needs softmax patterns")
+        free = {"self": mean_or_none(self.self_sum, self.count),
+                "same_features": mean_or_none(self.same_sum, self.count) if self.feature_block is not None else None}
+        if self.acc is None:
+            return None, free, f"{self.no_labels}: only the label-free diagonal mass"
+        with_matrix = self.n_states <= self.max_matrix_states
+        per_head = [acc.result(with_matrix) for acc in self.acc]
+        if any(r is None for r in per_head):
+            return None, free, "no labelled target states"
+        best = max(range(self.heads), key=lambda h: per_head[h]["min"])
+        res = dict(per_head[best])
+        res["head"], res["n_heads"] = best, self.heads  # the most diagonal head is the one reported
+        res["per_task"] = self.per_task[best].result()
+        if self.heads > 1:
+            res["per_head"] = [{k: v for k, v in r.items() if k != "M_hat"} for r in per_head]
+        return res, free, None
+
+
+# ------------------------------------------------------------------ the analyzers
+def _sampled_population(ctx, block: str) -> dict:
+    """M_pi of a checkpoint on POPULATION_TASKS tasks drawn (seed 0) by the task family's sampler."""
+    config = ctx.config
+    try:
+        pb = ctx.subject.task.sample(config, config.task, POPULATION_TASKS, np.random.default_rng(0))
+    except (UserError, KeyError, TypeError, ValueError) as e:
+        ctx.reasons[POPULATION_KERNEL] = f"cannot draw tasks from the checkpoint's task config: {e}"
+        return {POPULATION_KERNEL: None}
+    if "phi" not in pb.tasks or "stationary" not in pb.tasks:
+        ctx.reasons[POPULATION_KERNEL] = "not applicable: the task family's tasks have no state features (tasks/phi)"
+        return {POPULATION_KERNEL: None}
+    phi, mu = pb.tasks["phi"], pb.tasks["stationary"]
+    pk = PopulationKernel(ctx.params, ctx.layout, config.model.n_layers, config.model.gamma, phi.shape[1],
+                          score=ctx.subject.arch.score, block=block,
+                          source=f"sampled: {POPULATION_TASKS} tasks of the checkpoint's task distribution, seed 0")
+    pk.add(phi, mu)
+    return pk.finalize()
+
+
+def open_population(ctx):
+    """The population kernel where the model's family names a softmax feature block
+    (`Hints.population_kernel`): a checkpoint's from sampled tasks, a recording's from its own."""
+    model = ctx.subject.model
+    block = model.hints.population_kernel if model is not None and ctx.layout is not None else None
+    if block is None:
+        return None
+    if ctx.rec is None:
+        return None if ctx.config is None else Once(_sampled_population, ctx, block)
+    facts, arch = ctx.facts, ctx.subject.arch
+    if facts is None or arch is None or not facts.has_tasks or "tasks/phi" not in ctx.f or not ctx.params:
+        return None
+    return PopulationKernel(ctx.params, ctx.layout, ctx.n_layers, ctx.gamma, facts.n_states, score=arch.score,
+                            block=block)
+
+
+def open_kernels(ctx):
+    """M_hat of every layer whose softmax pattern is recorded (a foreign model's too: `KernelStream`
+    checks that the rows sum to 1)."""
+    facts, arch, gamma = ctx.facts, ctx.subject.arch, ctx.gamma
+    use_labels = facts.labelled and facts.n_states > 0 and math.isfinite(gamma)
+    no_labels = ("no state labels (prompts/state is -1)" if not (facts.labelled and facts.n_states > 0) else
+                 "no discount γ recorded (the contraction threshold (1+γ)/2 needs it)")
+    streams = {}
+    for l in range(ctx.n_layers):
+        hook = f"blocks.{l}.attn.hook_pattern"
+        if hook not in facts.hooks:
+            continue
+        if arch is not None and not arch.softmax:
+            ctx.reasons.setdefault(KERNEL_DIAGONALITY, f"not applicable: the {ctx.subject.family} attention pattern "
+                                                       f"is not a softmax kernel")
+            continue
+        ds = ctx.f[f"acts/{hook}"]
+        k = ctx.guard(KERNEL_DIAGONALITY, KernelStream, l, ds, facts.pos, gamma if math.isfinite(gamma) else 0.0,
+                      facts.n_states, ctx.layout, ctx.opts.kernel_matrix_max_states, use_labels,
+                      dtype_attr(ds) == "bfloat16", ctx.opts.per_task_max, no_labels)
+        if k is not None:
+            streams[l] = k
+
+    def fields(layer: int, res) -> dict:
+        kd, free, why = res
+        if why:
+            ctx.reasons.setdefault(KERNEL_DIAGONALITY, why)
+        return {KERNEL_DIAGONALITY: kd, LABEL_FREE_DIAGONAL: free}
+
+    return Layers(streams, ctx.reasons, KERNEL_DIAGONALITY, fields) if streams else None
+
+
+# ------------------------------------------------------------------ reading them back
+def threshold_of(kd) -> float | None:
+    """The contraction threshold (1+γ)/2 of a kernel entry (from min - margin where it is not stored)."""
+    if not isinstance(kd, dict):
+        return None
+    threshold = num(kd.get("threshold"))
+    if threshold is None and num(kd.get("min")) is not None and num(kd.get("margin")) is not None:
+        threshold = num(kd["min"]) - num(kd["margin"])
+    return threshold
+
+
+def kernel_mins(analysis) -> dict[int, tuple[float, float | None]]:
+    """layer -> (min_s diagonal, threshold): the empirical M_hat of a recording, else the population
+    kernel M_pi of a checkpoint's score matrix."""
+    out = {}
+    rows = [(x[LAYER], x.get(KERNEL_DIAGONALITY)) for x in layers(analysis)]
+    pop = get(analysis, WEIGHTS, POPULATION_KERNEL)
+    if not any(isinstance(kd, dict) for _, kd in rows) and isinstance(pop, list):
+        rows = [(p.get(LAYER), p) for p in pop if isinstance(p, dict)]
+    for layer, kd in rows:
+        mn = num(get(kd, "min"))
+        if isinstance(layer, int) and mn is not None:
+            out[layer] = (mn, threshold_of(kd))
+    return out
+
+
+def worst_kernel(analysis) -> tuple[float | None, float | None]:
+    """(min kernel diagonal, its margin over (1+γ)/2) of the worst layer; None where absent."""
+    mins = kernel_mins(analysis)
+    if not mins:
+        return None, None
+    mn, threshold = min(mins.values(), key=lambda v: v[0])
+    return mn, None if threshold is None else mn - threshold
+
+
+register(Analyzer(
+    name=POPULATION_KERNEL, place=WEIGHTS, open=open_population, roles=("parameters",),
+    arrays=("tasks/phi", "tasks/stationary"),
+    summary="M_π per layer from the learned softmax score block and the tasks' features",
+    missing="not applicable: no population kernel for this model (Hints.population_kernel, its weights and the "
+            "tasks' features)"))
+register(Analyzer(
+    name="kernels", reason_key=KERNEL_DIAGONALITY, open=open_kernels, roles=("pattern",),
+    arrays=("prompts/state", "prompts/z"), layer_keys=(KERNEL_DIAGONALITY,),
+    summary="the state-aggregated attention kernel M̂ of every softmax pattern, and its diagonal",
+    computed=lambda a: any_layer(a, KERNEL_DIAGONALITY, LABEL_FREE_DIAGONAL),
+    missing="not applicable: no attention pattern recorded",
+    columns=(Column("kernel_min", "min kernel diag", lambda a: worst_kernel(a)[0], "{:.3f}", "diag",
+                    "diag / margin: min kernel diagonal and its margin over (1+γ)/2 (worst layer)"),
+             Column("kernel_margin", "margin vs (1+γ)/2", lambda a: worst_kernel(a)[1], "{:+.3f}", "margin"))))

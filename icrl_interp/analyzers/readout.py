@@ -28,7 +28,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import convergence, inputs
-from .streams import TASK_KEY, PerTask, mean_or_none
+from .base import Analyzer, Chunk, failure
+from .keys import READOUTS, REFERENCE_VALUE_ERROR, RANDOM_INIT_VALUE_ERROR, VALUE_ERROR
+from .registry import register
+from .streams import TASK_KEY, PerTask, dtype_attr, mean_or_none
 from .td_probe import splitmix64
 
 LENSES = {
@@ -121,7 +124,7 @@ class Score:
         self.sse = 0.0
         self.sy, self.syy = np.zeros(width), np.zeros(width)
         self.n = 0
-        self.per_task = PerTask(("value_error",), per_task_max)
+        self.per_task = PerTask((VALUE_ERROR,), per_task_max)
 
     def update(self, err: np.ndarray, task: np.ndarray, y: np.ndarray | None = None, out: np.ndarray | None = None):
         ok = np.isfinite(err)
@@ -148,7 +151,7 @@ class Score:
         return 1.0 - self.sse / sst if sst > 0 else None
 
     def entry(self, with_r2: bool = False) -> dict:
-        out = {"value_error": self.value_error, "output_gap": mean_or_none(self.gap, self.n_gap)}
+        out = {VALUE_ERROR: self.value_error, "output_gap": mean_or_none(self.gap, self.n_gap)}
         if with_r2:
             out["r2"] = self.r2()
         return out
@@ -222,8 +225,7 @@ def held_out(task: np.ndarray, seed: int, test_fraction: float) -> np.ndarray:
 def _decode(ds, raw: np.ndarray) -> np.ndarray:
     from ..recording.format import BF16, bf16_to_float32
 
-    dtype = ds.attrs.get("dtype", "")
-    return bf16_to_float32(raw) if (dtype.decode() if isinstance(dtype, bytes) else str(dtype)) == BF16 else raw
+    return bf16_to_float32(raw) if dtype_attr(ds) == BF16 else raw
 
 
 # ------------------------------------------------------------------ the lenses
@@ -242,12 +244,12 @@ class Readouts:
         if not widths:
             return
         if len(widths) > 1:
-            reasons["readouts"] = f"outputs/model and lens/* disagree on the output width ({sorted(widths)})"
+            reasons[READOUTS] = f"outputs/model and lens/* disagree on the output width ({sorted(widths)})"
             return
         self.width = widths.pop()
         self.target, why = target_for(f, hints, self.width)
         if self.target is None:
-            reasons["readouts"] = why
+            reasons[READOUTS] = why
             return
         self.reference = Reference(f, self.target, hints, layout)
         self.ok = True
@@ -321,11 +323,12 @@ class Readouts:
                           data["prompts/task_id"] if self.has_ids else np.arange(start, stop), dtype=np.int64)
 
     # -------------------------------------------------------------- pass 1
-    def update(self, start: int, stop: int, data: dict) -> None:
+    def update(self, chunk: Chunk) -> None:
         """Score the logit lens and the reference on every prompt; add the training prompts to the fits."""
         if not self.ok:
             return
-        task = self._task(data, start, stop)
+        data = chunk.data
+        task = self._task(data, chunk.start, chunk.stop)
         self.n_prompts += task.size
         outs = {pre: np.asarray(data[pre + "outputs/model"], dtype=np.float64)
                 for pre in ("", RANDOM_INIT) if pre + "outputs/model" in data}
@@ -345,6 +348,14 @@ class Readouts:
 
     # -------------------------------------------------------------- pass 2
     def finish(self, rec, rows: int) -> None:
+        """Pass 2, the tuned lens on held-out tasks: a failure there keeps the logit lens."""
+        try:
+            self._tuned(rec, rows)
+        except Exception as e:  # noqa: BLE001
+            self.reasons["readouts.tuned-linear"] = failure(e)
+            self.solved = {}
+
+    def _tuned(self, rec, rows: int) -> None:
         """Solve the tuned lenses, then score them on the held-out tasks (only their last positions are read)."""
         if not self.ok or not self.fits:
             return
@@ -404,22 +415,22 @@ class Readouts:
             entry = {"layer": l, **s.entry(with_r2=which == "tuned")}
             if which == "tuned":
                 entry["alpha"] = self.solved[("", l)][2]
-            entry["reference_value_error"] = ref[l + 1] if l + 1 < len(ref) else None
+            entry[REFERENCE_VALUE_ERROR] = ref[l + 1] if l + 1 < len(ref) else None
             b = sc.get((which, RANDOM_INIT, l))
-            entry["random_init_value_error"] = None if b is None else b.value_error
+            entry[RANDOM_INIT_VALUE_ERROR] = None if b is None else b.value_error
             if which == "tuned":
                 entry["random_init_r2"] = None if b is None else b.r2()
             entry["value_error_per_task"] = s.per_task.result()
             rows.append(entry)
-            curve.append(entry["value_error"])
-            rcurve.append(entry["reference_value_error"])
-            base.append(entry["random_init_value_error"])
+            curve.append(entry[VALUE_ERROR])
+            rcurve.append(entry[REFERENCE_VALUE_ERROR])
+            base.append(entry[RANDOM_INIT_VALUE_ERROR])
         out_s, base_s = sc.get((which, "", "output")), sc.get((which, RANDOM_INIT, "output"))
         return {"lens": "model-readout" if which == "logit" else "tuned-linear",
                 "description": LENSES["model-readout" if which == "logit" else "tuned-linear"], **extra,
                 "output_value_error": None if out_s is None else out_s.value_error,
                 "random_init_output_value_error": None if base_s is None else base_s.value_error,
-                "reference_value_error": ref,
+                REFERENCE_VALUE_ERROR: ref,
                 "layers": rows,
                 "convergence": convergence.depth_summary(layers, curve, rcurve),
                 "random_init_convergence": convergence.depth_summary(layers, base, rcurve) if any(
@@ -439,8 +450,34 @@ class Readouts:
                 "prompts": "held-out tasks", "test_fraction": self.test_fraction, "n_train": self.n_train,
                 "n_prompts": self.n_test, "n_tasks": self.n_test_tasks})
         if not lenses:
-            self.reasons.setdefault("readouts", "no lens could be read (see readouts.*)")
+            self.reasons.setdefault(READOUTS, "no lens could be read (see readouts.*)")
             return None
         return {"target": self.target.kind, "target_description": self.target.description,
                 "reference_steps": [what if k is None else f"{what}[{k}]" for what, k in self.reference.steps],
                 "lenses": lenses}
+
+    def finalize(self) -> dict:
+        return {READOUTS: self.result()}
+
+
+# ------------------------------------------------------------------ the analyzer
+def open_readouts(ctx):
+    """The lenses of a model that recorded its own output or readout (a foreign model); the package's
+    models have their residual stream in the prompt layout, where `value_error` reads it."""
+    f, facts = ctx.f, ctx.facts
+    if "outputs/model" in f or "lens" in f:
+        return Readouts(f, ctx.hints, ctx.layout, facts.pos, ctx.opts.seed, ctx.opts.test_fraction,
+                        ctx.opts.per_task_max, ctx.reasons)
+    if ctx.subject.model is not None or facts.readable:
+        ctx.reasons[READOUTS] = "not applicable: the residual stream is in the prompt layout (value_error reads it)"
+    else:
+        ctx.reasons[READOUTS] = ("no outputs/model or lens/{l} recorded (record the model with this version's "
+                                 "`icrl-interp record --model`)")
+    return None
+
+
+register(Analyzer(
+    name=READOUTS, open=open_readouts, roles=("resid_post", "readout"),
+    arrays=("outputs/model", "tasks/values", "prompts/state", "reference/values", "reference/output"),
+    summary="a foreign model's value error by depth through its own readout (logit lens) and a tuned lens",
+    missing="not applicable: no model output or lens recorded"))

@@ -22,7 +22,7 @@ real R^2), and the pairing depends only on the recording, not on the chunking. T
 recording's first task have no earlier partner and are left out of every probe (probe, baselines
 and control all use the same samples).
 
-Selectivity: `streams.ProbeSet` fits every probe and its baselines with this module, then scores
+Selectivity: `probes.ProbeSet` fits every probe and its baselines with this module, then scores
 the held-out prompts once more with the fitted coefficients (`residual_sums`) for per-task sums,
 from which `resampled_sums` / `percentile_interval` give a bootstrap interval over held-out tasks.
 

@@ -13,6 +13,9 @@ makes w_L a polynomial of degree L in alpha (`td_weight_polynomial`), so each ta
 VD(alpha) = sum_s mu(s) (v_tf(s) - phi(s) . w_L(alpha))^2 is a polynomial of degree 2L whose
 coefficients add up over tasks (`AlphaFit`, a streaming accumulator); its minimum over alpha >= 0 is
 at 0 or at a real root of its derivative.
+
+The registered analyzer 'wang_metrics' (`WangStream`) computes VD / SS / IWS of a recorded
+linear-attention model of a task whose output is linear in the query (`Hints.query_linear`).
 """
 from __future__ import annotations
 
@@ -23,6 +26,10 @@ from jaxtyping import Float, Int
 
 from ..core.errors import UserError
 from . import convergence
+from .base import Analyzer, Chunk
+from .keys import WANG_METRICS
+from .registry import register
+from .streams import TASK_KEY, PerTask, dtype_attr, layer_param
 from .td_probe import _task_uniform
 
 Array = np.ndarray
@@ -199,3 +206,113 @@ class WangEvaluation:
                "n_tasks": int(np.unique(kept.task_id).size), "n_prompts": int(kept.task_id.size),
                "n_eval_prompts_total": self.n_eval}
         return out, {"task_id": kept.task_id, **m}
+
+
+# ------------------------------------------------------------------ the analyzer
+class WangStream:
+    """VD, SS and IWS of a linear-attention TD model from its recorded context columns
+    (`value` / `score`: the architecture's parameter names of P and Q), against L-step batch TD on each
+    prompt's own transitions at the step of `td_step` (fitted on the calibration half of the tasks, or
+    `alpha` when given; C: TD's preconditioner, identity when None)."""
+
+    def __init__(self, params, layout, n_layers, pos, value: str = "P", score: str = "Q", per_task_max: int = 0,
+                 alpha: float | None = None, C=None, tol: float = 1e-3, reasons: dict | None = None):
+        self.per_task_max, self.tol, self.reasons = per_task_max, tol, reasons if reasons is not None else {}
+        self.P = [np.asarray(layer_param(params, l, value), dtype=np.float64) for l in range(n_layers)]
+        self.Q = [np.asarray(layer_param(params, l, score), dtype=np.float64) for l in range(n_layers)]
+        self.layout, self.L, self.n, self.C = layout, n_layers, pos - 1, C
+        self.evaluation = WangEvaluation(n_layers, alpha)
+        self.residual = 0.0
+
+    @property
+    def paths(self) -> list[str]:
+        return ["prompts/z", "tasks/phi", "tasks/stationary"] + [
+            f"acts/blocks.{l}.hook_resid_post" for l in range(self.L)]
+
+    def update(self, chunk: Chunk) -> None:
+        data = chunk.data
+        z = data["prompts/z"]
+        ctx = [z[:, : self.n]] + [
+            data[f"acts/blocks.{l}.hook_resid_post"][:, : self.n].astype(np.float64) for l in range(self.L - 1)]
+        w_tf = convergence.linear_td_query_weights(ctx, self.P, self.Q, self.layout)
+        # the implicit weight must reproduce the recorded output at the real query
+        phi_q = z[:, -1, self.layout.slice("phi")]
+        out = self.layout.readout(data[f"acts/blocks.{self.L - 1}.hook_resid_post"].astype(np.float64))[:, 0]
+        self.residual = max(self.residual, float(np.max(np.abs((phi_q * w_tf).sum(-1) - out) / (1 + np.abs(out)))))
+        lay = self.layout
+        coef = td_weight_polynomial(z[:, : self.n, lay.slice("phi")], z[:, : self.n, lay.slice("gamma_phi_next")],
+                                            z[:, : self.n, lay.slice("reward")][..., 0], self.L, self.C)
+        phi, mu = data["tasks/phi"], data["tasks/stationary"]
+        task = data[TASK_KEY] if TASK_KEY in data else np.arange(phi.shape[0])
+        self.evaluation.update(task, np.einsum("bsd,bd->bs", phi, w_tf), np.broadcast_to(w_tf[:, None, :], phi.shape),
+                               coef, phi, mu)
+
+    def result(self, tol: float) -> tuple[dict | None, str | None]:
+        if self.residual > tol:
+            return None, (f"not applicable: the model is not linear in the query (implicit weight misses the recorded output by "
+                          f"{self.residual:.2g}); VD/SS/IWS need a linear-attention model")
+        res, per_prompt = self.evaluation.result()
+        res["query_map_residual"] = self.residual
+        per_task = PerTask(("VD", "SS", "IWS"), self.per_task_max)
+        per_task.update(per_prompt.pop("task_id"), **per_prompt)
+        res["per_task"] = per_task.result()
+        return res, None
+
+    def finalize(self) -> dict:
+        res, why = self.result(self.tol)
+        if why:
+            self.reasons[WANG_METRICS] = why
+        return {WANG_METRICS: res}
+
+
+def _td_preconditioner(config):
+    """The checkpoint's TD preconditioner C (the `C` constant of its family), None (identity) without one."""
+    try:
+        return None if config is None else (config.constants or {}).get("C")
+    except UserError:  # a family this process does not know: no constants to read
+        return None
+
+
+def _why_not(ctx) -> str | None:
+    """Why VD/SS/IWS cannot be computed on this recording (None: they can)."""
+    f, arch, facts, layout = ctx.f, ctx.subject.arch, ctx.facts, ctx.layout
+    activation = None if ctx.config is None else ctx.config.model.activation
+    if activation:
+        return f"not applicable: the model uses activation {activation!r}; VD/SS/IWS need linear attention"
+    if arch is None:
+        return "not applicable: needs a model of a known architecture (its value and score parameters)"
+    if not facts.has_tasks or not all(p in f for p in ("tasks/phi", "tasks/stationary")):
+        return "needs task data (features, stationary distribution)"
+    if any(layer_param(ctx.params, l, k) is None for l in range(ctx.n_layers) for k in (arch.value, arch.score)):
+        return f"needs the recorded parameters {arch.value} and {arch.score} of every layer"
+    if not {"phi", "gamma_phi_next", "reward"} <= set(layout.names):
+        return (f"not applicable: VD/SS/IWS read each prompt's transitions from the layout's blocks phi, "
+                f"gamma_phi_next and reward; this layout has {', '.join(layout.names)}")
+    if any(l not in facts.readable for l in range(ctx.n_layers)):
+        return "needs hook_resid_post of every layer"
+    if any(f[f"acts/blocks.{l}.hook_resid_post"].shape[1] != facts.pos for l in range(ctx.n_layers)):
+        return "needs hook_resid_post at every position"
+    return None
+
+
+def open_wang(ctx):
+    """VD/SS/IWS where the task's output is linear in the query (`Hints.query_linear`) and the recording
+    allows it (else the reason is noted)."""
+    if ctx.hints is None or not ctx.hints.query_linear:
+        return None
+    why = _why_not(ctx)
+    if why:
+        ctx.reasons[WANG_METRICS] = why
+        return None
+    arch, C = ctx.subject.arch, _td_preconditioner(ctx.config)
+    tol = 1e-8 if dtype_attr(ctx.f["acts/blocks.0.hook_resid_post"]) == "float64" else 1e-3
+    return WangStream(ctx.params, ctx.layout, ctx.n_layers, ctx.facts.pos, value=arch.value, score=arch.score,
+                      per_task_max=ctx.opts.per_task_max, alpha=ctx.opts.wang_alpha,
+                      C=None if C is None else np.asarray(C, float), tol=tol, reasons=ctx.reasons)
+
+
+register(Analyzer(
+    name=WANG_METRICS, open=open_wang, roles=("resid_post", "parameters"),
+    arrays=("prompts/z", "tasks/phi", "tasks/stationary"),
+    summary="Wang et al.'s VD, SS and IWS against L-step batch TD at the fitted step",
+    missing="not applicable: the task's output is not linear in the query (Hints.query_linear)"))

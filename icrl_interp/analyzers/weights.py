@@ -7,6 +7,9 @@ a `PromptLayout`. The *support* of a parameter is the set of blocks where the
 family's theta* is non-zero; it is derived from theta*, never hard-coded. Which matrices
 are fitted to theta* and how comes from the family's registry hints (`Hints.weight_fit`,
 `lazy_from`, `wang_summary`), never from its name.
+
+The registered analyzer 'weights' (`base.Analyzer`) compares the weights of every input (a checkpoint,
+a recording's parameters, TransformerLens weights read as a family's) with theta* (`analyze_weights`).
 """
 from __future__ import annotations
 
@@ -16,10 +19,13 @@ import re
 import numpy as np
 from jaxtyping import Bool, Float
 
-from ..families import registry
 from ..core.errors import UserError
-from ..tasks.layouts import PromptLayout
+from ..families import registry
 from ..families.registry import BlockFit, Hints, ValueRowFit
+from ..tasks.layouts import PromptLayout
+from .base import ANALYSIS, Analyzer, Column, Once
+from .keys import GENERIC, WEIGHTS, get, num
+from .registry import register
 
 Array = np.ndarray
 
@@ -446,3 +452,66 @@ def analyze_weights(family: str | registry.Family | Hints, params: dict[str, np.
             sparsity["lazy_blocks"] = lazy
             sparsity["lazy_drift"] = math.hypot(*lazy.values())
     return {"block_sparsity": sparsity, "manifold": manifold, "sign_pattern": pattern}
+
+
+# ------------------------------------------------------------------ the analyzer
+def weights_section(ctx) -> dict:
+    """{"weights": the section}, None with the reason in ctx.reasons["weights"] where it cannot be
+    computed: 'not applicable: ...' where the weights cannot be a construction's (a model of no family;
+    a foreign model's weights read as --family whose matrices are not d_model x d_model of the layout,
+    e.g. a model that embeds its input), 'failed: ...' where they should have been."""
+    reasons, known, layout, params = ctx.reasons, ctx.weights_family, ctx.layout, ctx.params
+    why = None
+    if known is None:
+        why = f"not applicable: family {ctx.subject.family or GENERIC!r} has no construction to compare with"
+    elif layout is None:
+        why = "no prompt layout (pass --layout)"
+    elif not params:
+        why = "no parameters recorded"
+    elif mismatch := shape_mismatch(params, layout):
+        why = (f"not applicable: {mismatch}: the model's weights are not in the prompt basis (e.g. it embeds its "
+               f"input), so there is no construction to compare them with" if ctx.foreign else
+               f"failed: {mismatch}; the layout does not fit the matrices")
+    if why:
+        reasons[WEIGHTS] = why
+        return {WEIGHTS: None}
+    if not ctx.theta:
+        reasons["manifold"] = f"not applicable: no theta* for family {known.name!r}: only block norms and lazy drift"
+    return {WEIGHTS: ctx.guard(WEIGHTS, analyze_weights, known, params, ctx.theta, layout)}
+
+
+def open_weights(ctx):
+    """The weights section, unless the weights could not be read (a foreign model's TL heads that do not
+    convert: the driver said why under 'weights')."""
+    return None if WEIGHTS in ctx.reasons else Once(weights_section, ctx)
+
+
+def max_rel_err(analysis) -> float | None:
+    """Largest per-block relative error to theta* at the best scale."""
+    rel = get(analysis, WEIGHTS, "manifold", "rel_err")
+    vals = [num(v) for v in (rel.values() if isinstance(rel, dict) else []) if num(v) is not None]
+    return max(vals) if vals else None
+
+
+def _weight(*keys: str):
+    return lambda analysis: num(get(analysis, WEIGHTS, *keys))
+
+
+def _sign_pattern(analysis) -> str | None:
+    pattern = get(analysis, WEIGHTS, "sign_pattern")
+    return pattern if isinstance(pattern, str) else None
+
+
+register(Analyzer(
+    name=WEIGHTS, place=ANALYSIS, open=open_weights, roles=("parameters",), arrays=("params", "theta_star"),
+    summary="the learned weights against theta*: block sparsity, the scaling manifold, the sign pattern",
+    missing="not applicable: no weights",
+    columns=(Column("in_support_energy", "in-support energy", _weight("block_sparsity", "in_support_energy"),
+                    "{:.3f}", "energy", "energy: in-support energy"),
+             Column("manifold_rel_err", "manifold rel. err (max)", max_rel_err, "{:.3g}", "rel.err",
+                    "rel.err: manifold relative error (max block)"),
+             Column("gauge_cosine", "gauge cosine", _weight("manifold", "gauge_cosine"), "{:.3f}", "gauge",
+                    "gauge: gauge cosine"),
+             Column("sign_pattern", "sign pattern", _sign_pattern, "{}", "signs", "signs: value-row sign pattern"),
+             Column("lazy_drift", "lazy drift", _weight("block_sparsity", "lazy_drift"), "{:.3g}", "lazy",
+                    "lazy: lazy-block drift"))))

@@ -3,36 +3,44 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 
+from ..core import devices
+from ..core.cli_fields import add_fields, parsed
 from . import task_options
+
+
+@dataclass
+class AnalyzeFlags:
+    """What `analyze` reads and writes, and where it runs (the analysis itself: `AnalyzeOptions`)."""
+
+    json: str | None = field(default=None, metadata={"metavar": "OUT.json"})
+    """Write the analysis here (one object, or a list for several inputs)."""
+    workers: int | None = None
+    """Worker processes of the local Dask cluster (None: one per input, at most the CPUs)."""
+    scheduler: str | None = None
+    """Where the inputs are analyzed: serial, local, local:N or tcp://HOST:PORT of a running Dask scheduler
+    (None: local:WORKERS for more than one input, else serial; see docs/cluster.md)."""
+    layout: str | None = field(default=None, metadata={"metavar": "LAYOUT.json"})
+    """Prompt layout file: how to read a generic recording's residual stream (value error; alone) and how to
+    cut TL weights into blocks (with --family)."""
+    live: bool = False
+    """Run each checkpoint (or --model on --task) and feed the analyzers from the forward pass: the analysis
+    of the recording `record` would write, without writing it."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..analyzers import AnalyzeOptions
-    from ..core.cli_fields import add_fields
 
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="checkpoint directory, HDF5 recording, TL .safetensors weights, or a directory of them "
                         "(with --live: checkpoint directories, or none with --model)")
-    p.add_argument("--json", metavar="OUT.json", help="write the analysis here (one object, or a list for several inputs)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="worker processes of the local Dask cluster (default: one per input, at most the CPUs)")
-    p.add_argument("--scheduler", default=None, metavar="SCHEDULER",
-                   help="where the inputs are analyzed: serial, local, local:N or tcp://HOST:PORT of a running Dask "
-                        "scheduler (default: local:WORKERS for more than one input, else serial; see docs/cluster.md)")
-    p.add_argument("--layout", metavar="LAYOUT.json",
-                   help="prompt layout file: how to read a generic recording's residual stream (value error; alone) "
-                        "and how to cut TL weights into blocks (with --family)")
-    p.set_defaults(_fields=add_fields(p, AnalyzeOptions, skip=("layout", "live_tasks"), aliases={"probe_max_tasks": ("--probe-tasks",)}))
+    add_fields(p, AnalyzeFlags)
+    p.set_defaults(_analysis=add_fields(p, AnalyzeOptions, skip=("layout", "live_tasks")))
     live = p.add_argument_group("live analysis (--live: run the model and analyze its batches; nothing is written "
                                 "but the JSON)")
-    live.add_argument("--live", action="store_true",
-                      help="run each checkpoint (or --model on --task) and feed the analyzers from the forward pass: "
-                           "the analysis of the recording `record` would write, without writing it")
-    task_options.add_prompts(live, seed_flag="--prompt-seed")
-    from ..core import devices
-
-    devices.add_argument(live)
+    add_fields(live, task_options.Prompts)
+    add_fields(live, devices.Device)
     task_options.add(p)
 
 
@@ -48,6 +56,8 @@ def _fmt(x, spec=".3g") -> str:
 
 def table(rows: list[dict]) -> str:
     """A readable summary: one block per input, one line per layer."""
+    from ..analyzers.analyze import table_lines  # the lines analyzers of your own add
+
     lines = []
     for r in rows:
         lines.append(f"== {r.get('source')}")
@@ -80,6 +90,7 @@ def table(rows: list[dict]) -> str:
                 lines.append(f"   VD {_fmt(wm['VD'])}, SS {_fmt(wm['SS'], '.4f')}, IWS {_fmt(wm['IWS'], '.4f')} "
                              f"(batch TD at alpha {_fmt(wm.get('alpha'), '.4g')}, {wm.get('alpha_source', 'recorded')})")
             lines += _readout_lines(acts.get("readouts"))
+        lines += table_lines(r)
         for k, why in (r.get("skipped") or {}).items():
             lines.append(f"   skipped {k}: {why}")
         status, why = status_of(r)
@@ -106,23 +117,24 @@ def _readout_lines(ro: dict | None) -> list[str]:
 
 
 def run(args) -> int:
-    from ..families import registry
     from ..analyzers import AnalyzeOptions, analyze_many
     from ..analyzers.inputs import read_layout_file
     from ..core.cli_fields import build, given
     from ..core.errors import UserError
     from ..core.files import write_json
     from ..core.outputs import check_finite, output_file
+    from ..families import registry
 
-    values = {"progress": sys.stderr.isatty(), **given(args, args._fields)}
-    if args.workers is not None and args.workers < 1:
+    a = parsed(args, AnalyzeFlags)
+    values = {"progress": sys.stderr.isatty(), **given(args, args._analysis)}
+    if a.workers is not None and a.workers < 1:
         raise UserError("--workers must be at least 1")
-    if args.scheduler is not None:
+    if a.scheduler is not None:
         from ..core.cluster import parse_scheduler
 
-        parse_scheduler(args.scheduler)  # a bad value fails before any work
+        parse_scheduler(a.scheduler)  # a bad value fails before any work
     if values.get("seed", 0) < 0:
-        raise UserError(f"--seed must be a non-negative integer, got {values['seed']}")
+        raise UserError(f"--split-seed must be a non-negative integer, got {values['seed']}")
     head = values.get("head", 0)
     if head < 0:
         raise UserError(f"--head must be a non-negative head index, got {head}")
@@ -136,13 +148,13 @@ def run(args) -> int:
     if values.get("wang_alpha") is not None and not values["wang_alpha"] >= 0:
         raise UserError(f"--wang-alpha must be a non-negative TD step, got {values['wang_alpha']}")
     if values.get("probe_max_tasks", 0) < 0:
-        raise UserError("--probe-tasks must be >= 0 (0 = all tasks)")
-    values["layout"] = read_layout_file(args.layout).to_dict() if args.layout else None
+        raise UserError("--probe-max-tasks must be >= 0 (0 = all tasks)")
+    values["layout"] = read_layout_file(a.layout).to_dict() if a.layout else None
     opts = build(AnalyzeOptions, values)
     check_finite(opts)
-    if args.live:
-        if args.json is not None:
-            output_file(args.json, "--json", inputs=[*args.inputs, *task_options.input_files(args)])
+    if a.live:
+        if a.json is not None:
+            output_file(a.json, "--json", inputs=[*args.inputs, *task_options.input_files(args)])
         rows = _live_rows(args, opts)
     elif args.model is not None or args.task is not None or args.weights is not None:
         raise UserError("--model, --task and --weights analyze a model live: add --live (or record it first)")
@@ -156,12 +168,12 @@ def run(args) -> int:
                         "or --live with --model FILE.py:FUNC --task FAMILY")
     else:
         rows = None
-    if args.json is not None and not args.live:
-        output_file(args.json, "--json", inputs=[*args.inputs, *([args.layout] if args.layout else [])])
-    rows = rows if rows is not None else analyze_many(args.inputs, workers=args.workers, options=opts, scheduler=args.scheduler)
+    if a.json is not None and not a.live:
+        output_file(a.json, "--json", inputs=[*args.inputs, *([a.layout] if a.layout else [])])
+    rows = rows if rows is not None else analyze_many(args.inputs, workers=a.workers, options=opts, scheduler=a.scheduler)
     print(table(rows))
-    if args.json:
-        write_json(args.json, rows[0] if len(rows) == 1 and len(args.inputs) <= 1 else rows)
+    if a.json:
+        write_json(a.json, rows[0] if len(rows) == 1 and len(args.inputs) <= 1 else rows)
     failed = [r for r in rows if "error" in r]
     for r in failed:
         where = "" if str(r["error"]).startswith(str(r["source"])) else f"{r['source']}: "  # most errors name it
@@ -174,30 +186,28 @@ def run(args) -> int:
 
 def _live_only(args) -> list[str]:
     """The --live options the user gave (flags as typed)."""
-    from ..core import devices
+    from ..core.cli_fields import given_flags
 
-    device = ["--device"] if args.device != devices.DEFAULT else []
-    return task_options.given_flags(args, task_options.PROMPT_OPTIONS) + device
+    return given_flags(args, task_options.Prompts) + given_flags(args, devices.Device)
 
 
 def _live_rows(args, opts) -> list[dict]:
     """One live analysis per checkpoint (its own task), or of --model on --task."""
-    from ..models import checkpoint
     from ..analyzers.analyze import analyze_model
     from ..analyzers.inputs import is_checkpoint
     from ..core.errors import UserError
+    from ..models import checkpoint
 
     if args.model is not None and args.inputs:
         raise UserError(f"give either checkpoint directories ({args.inputs[0]}) or --model, not both")
-    from ..core import devices
-
+    prompts, device = parsed(args, task_options.Prompts), parsed(args, devices.Device).device
     for path in args.inputs or [None]:  # every run's sizes, before torch is imported: a refusal is instant
         if path is None or is_checkpoint(path):
-            task_options.check_sizes(args, path)
-    devices.resolve(args.device)  # refused before any model is loaded
-    run_args = dict(probe=args.probe, tasks=args.tasks, batch_size=args.batch_size, seed=args.prompt_seed,
-                    baseline=args.baseline, prompts=args.prompts, options=opts, progress=opts.progress,
-                    device=args.device)
+            task_options.check_sizes(args, prompts, path)
+    devices.resolve(device)  # refused before any model is loaded
+    run_args = dict(probe=prompts.probe, tasks=prompts.tasks, batch_size=prompts.batch_size, seed=prompts.prompt_seed,
+                    baseline=prompts.baseline, prompts=prompts.prompts, options=opts, progress=opts.progress,
+                    device=device)
     if args.model is not None:
         model, config, name = task_options.model_and_task(args, None)
         return [analyze_model(model, config, name=name, **run_args)]
@@ -211,7 +221,7 @@ def _live_rows(args, opts) -> list[dict]:
         if not is_checkpoint(path):
             raise UserError(f"{path}: --live runs checkpoint directories (model.safetensors + config.json); "
                             "analyze recordings without --live")
-        config = checkpoint.read(path)[0]
-        rows.append(analyze_model(checkpoint.load(path), config, name=str(path),
+        model = checkpoint.load(path)  # its config rides along, resolved once
+        rows.append(analyze_model(model, model.checkpoint_config, name=str(path),
                                   checkpoint_sha256=checkpoint.sha256(path), **run_args))
     return rows

@@ -7,47 +7,68 @@ Either a checkpoint of the package (`causal CKPT --layer L`), or your own model 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
 from ..core import devices
+from ..core.cli_fields import add_fields, parsed
+from ..interventions.causal import DEFAULT_STEER, DIRECTIONS, METHODS, SITES
 from . import task_options
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..interventions.causal import BASELINES, DEFAULT_STEER, DIRECTIONS, METHODS, SITES
+@dataclass
+class CausalOptions:
+    """The edit, its controls and what is written."""
 
+    layer: int
+    """Layer whose activation is edited (0-based)."""
+    hook: str | None = field(default=None, metadata={"choices": tuple(SITES)})
+    """Where in the layer: the residual stream after it (resid_post), before it (resid_pre), the attention
+    output, or the last query row of the attention scores (None: the family's primary TD probe hook;
+    resid_post for your own model)."""
+    method: str = field(default="mean", metadata={"choices": METHODS})
+    """Erasure: mean-ablation of the projection on the direction (mean), LEACE linear erasure of delta
+    (leace) or zero-ablation of the projection (zero); the result's r2_after says how much of delta each
+    edit left decodable."""
+    direction: str = field(default="probe", metadata={"choices": DIRECTIONS})
+    """The TD direction: a ridge probe fitted on training tasks (probe), or the construction's
+    (construction; the package's models only)."""
+    test_fraction: float = 0.5
+    """Share of the tasks held out for the interventions; the rest fit the direction."""
+    split_seed: int = 0
+    """Seed of the held-out split of the tasks and of its bootstrap resamples."""
+    random_draws: int = 32
+    """Random directions of the control."""
+    direction_seed: int = 0
+    """Seed of the random directions of the control."""
+    steer: tuple[float, ...] = field(default=DEFAULT_STEER, metadata={"metavar": "S"})
+    """Steering scales s: add s * std * direction (none given: no steering)."""
+    bootstrap: int = 1000
+    """Bootstrap resamples of the held-out tasks."""
+    baseline_seed: int = 0
+    """Seed of the random-init copy's parameters (with --baseline random-init)."""
+    json: str | None = field(default=None, metadata={"metavar": "OUT.json"})
+    """Write the result here (icrl_interp.causal/1)."""
+    figure: str | None = field(default=None, metadata={"metavar": "OUT.png"})
+    """Draw the output change against the random directions, the steering curve and (with the baseline) the
+    trained model against its random-init copy."""
+
+
+@dataclass
+class CausalPrompts(task_options.Prompts):
+    """The prompts of a causal test: every one is held at once (one batch of data)."""
+
+    tasks: int = 256
+    """Number of tasks sampled, one prompt each."""
+    batch_size: int = 256
+    """Prompts per forward pass."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", nargs="?", help="checkpoint directory (model.safetensors + config.json); "
                    "or use --model with --task")
-    p.add_argument("--layer", type=int, required=True, help="layer whose activation is edited (0-based)")
-    p.add_argument("--hook", choices=tuple(SITES), help="where in the layer: the residual stream after it "
-                   "(resid_post), before it (resid_pre), the attention output, or the last query row of the "
-                   "attention scores (default: the family's primary TD probe hook; resid_post for your own model)")
-    p.add_argument("--method", choices=METHODS, default="mean", help="erasure: mean-ablation of the projection "
-                   "on the direction (mean), LEACE linear erasure of delta (leace) or zero-ablation of the "
-                   "projection (zero); the result's r2_after says how much of delta each edit left decodable "
-                   "(default: mean)")
-    p.add_argument("--direction", choices=DIRECTIONS, default="probe", help="the TD direction: a ridge probe fitted "
-                   "on training tasks (probe), or the construction's (construction; the package's models only)")
-    p.add_argument("--tasks", type=int, default=256, help="tasks sampled, one prompt each (default: 256)")
-    p.add_argument("--test-fraction", type=float, default=0.5, help="share of the tasks held out for the "
-                   "interventions; the rest fit the direction (default: 0.5)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the tasks, the split, the random directions and "
-                   "the bootstrap (default: 0)")
-    p.add_argument("--random-draws", type=int, default=32, help="random directions of the control (default: 32)")
-    p.add_argument("--steer", type=float, nargs="*", default=list(DEFAULT_STEER), metavar="S",
-                   help="steering scales s: add s * std * direction (default: -2 -1 1 2; none: no steering)")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the held-out tasks "
-                   "(default: 1000)")
-    p.add_argument("--batch-size", type=int, default=256, help="prompts per forward pass (default: 256)")
-    p.add_argument("--baseline", choices=BASELINES, default="random-init", help="also run the identical test "
-                   "(same tasks, split, random directions, its own probe) on the same architecture at random "
-                   "initialization and compare (random-init), or not (none) (default: random-init)")
-    p.add_argument("--baseline-seed", type=int, help="seed of the random-init copy's parameters (default: --seed)")
-    p.add_argument("--probe", help="probe spec TOML whose [roles] map resid_post (resid_pre, attn_out) to your "
-                   "model's modules (not needed for TransformerLens models)")
-    p.add_argument("--json", metavar="OUT.json", help="write the result here (icrl_interp.causal/1)")
-    devices.add_argument(p, "the model (and its random-init copy) run")
-    p.add_argument("--figure", metavar="OUT.png", help="draw the output change against the random directions, "
-                   "the steering curve and (with the baseline) the trained model against its random-init copy")
+    add_fields(p, CausalOptions)
+    add_fields(p, devices.Device)
+    add_fields(p.add_argument_group("prompts"), CausalPrompts, skip=("prompts",))
     task_options.add(p)
 
 
@@ -114,31 +135,33 @@ def _baseline_table(base: dict) -> str:
 
 
 def run(args) -> int:
-    from ..interventions.causal import SCHEMA, causal_test
     from ..core.files import write_json
     from ..core.outputs import output_file
+    from ..interventions.causal import SCHEMA, causal_test
 
+    o, prompts = parsed(args, CausalOptions), parsed(args, CausalPrompts)
+    device = parsed(args, devices.Device).device
     inputs = task_options.input_files(args)
-    if args.json:
-        output_file(args.json, "--json", inputs=inputs, suffixes=(".json",))
-    if args.figure:
-        output_file(args.figure, "--figure", inputs=inputs, suffixes=(".png", ".svg"))
-    task_options.check_sizes(args, args.checkpoint, held=True)  # before torch is imported: a refusal is instant
-    device = devices.resolve(args.device)  # refused before the model is loaded
+    if o.json:
+        output_file(o.json, "--json", inputs=inputs, suffixes=(".json",))
+    if o.figure:
+        output_file(o.figure, "--figure", inputs=inputs, suffixes=(".png", ".svg"))
+    task_options.check_sizes(args, prompts, args.checkpoint, held=True)  # before torch: a refusal is instant
+    device = devices.resolve(device)  # refused before the model is loaded
     model, config, source = task_options.model_and_task(args, args.checkpoint)
     model.to(device)
-    section = causal_test(model, config, args.layer, method=args.method, hook=args.hook, probe=args.probe,
-                          direction=args.direction, tasks=args.tasks, test_fraction=args.test_fraction,
-                          seed=args.seed, random_draws=args.random_draws, steer=args.steer,
-                          bootstrap=args.bootstrap, batch_size=args.batch_size, baseline=args.baseline,
-                          baseline_seed=args.baseline_seed)
+    section = causal_test(model, config, o.layer, method=o.method, hook=o.hook, probe=prompts.probe,
+                          direction=o.direction, tasks=prompts.tasks, test_fraction=o.test_fraction,
+                          prompt_seed=prompts.prompt_seed, split_seed=o.split_seed, direction_seed=o.direction_seed,
+                          random_draws=o.random_draws, steer=o.steer, bootstrap=o.bootstrap,
+                          batch_size=prompts.batch_size, baseline=prompts.baseline, baseline_seed=o.baseline_seed)
     print(table(section))
-    if args.json:
-        write_json(args.json, {"schema": SCHEMA, "source": source, "causal": section})
-        print(f"wrote {args.json}")
-    if args.figure:
+    if o.json:
+        write_json(o.json, {"schema": SCHEMA, "source": source, "causal": section})
+        print(f"wrote {o.json}")
+    if o.figure:
         from ..report.causal import write_figure
 
-        write_figure(section, args.figure, title=source)
-        print(f"wrote {args.figure}")
+        write_figure(section, o.figure, title=source)
+        print(f"wrote {o.figure}")
     return 0

@@ -5,50 +5,61 @@ The evaluation flags are the fields of `control.ControlConfig` (with their docst
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
 from ..core import devices
+from ..core.cli_fields import add_fields, parsed
+
+
+@dataclass
+class ControlOutputs:
+    """What `control` writes."""
+
+    json: str | None = field(default=None, metadata={"metavar": "OUT.json"})
+    """Write the full result (table, tracking, curves) as JSON, atomically."""
+    figure: str | None = field(default=None, metadata={"metavar": "OUT.png"})
+    """Also plot return vs update (teacher, transformer, random, oracle)."""
+    progress: bool = True
+    """Show progress bars on stderr."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..core.cli_fields import add_fields
     from ..train.control import ControlConfig
 
     p.add_argument("checkpoint", metavar="CHECKPOINT_DIR",
                    help="a checkpoint of a family with a control rule (sarsa, actor-critic): theta*, trained or user")
-    p.add_argument("--json", metavar="OUT", help="write the full result (table, tracking, curves) as JSON, atomically")
-    p.add_argument("--figure", metavar="PNG", help="also plot return vs update (teacher, transformer, random, oracle)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    devices.add_argument(p, "the model's forward passes run")
-    p.set_defaults(_fields=add_fields(p, ControlConfig, aliases={"iterations": ("--steps",)}))
+    add_fields(p, ControlOutputs)
+    add_fields(p, devices.Device)
+    add_fields(p, ControlConfig)
 
 
 def run(args) -> int:
     from pathlib import Path
 
-    from ..train import control
-    from ..core.cli_fields import build, given
     from ..core.errors import UserError
     from ..core.files import atomic_path
     from ..core.outputs import check_finite, mark_png, output_file
+    from ..train import control
 
-    cfg = build(control.ControlConfig, given(args, args._fields))
+    o, device = parsed(args, ControlOutputs), parsed(args, devices.Device).device
+    cfg = parsed(args, control.ControlConfig)
     check_finite(cfg)
     if cfg.seed < 0:
-        raise UserError(f"--seed must be a non-negative integer, got {cfg.seed}")
+        raise UserError(f"--prompt-seed must be a non-negative integer, got {cfg.seed}")
     inputs = [args.checkpoint]
-    if args.json is not None:
-        output_file(args.json, "--json", inputs=inputs)
-    if args.figure is not None:
-        output_file(args.figure, "--figure", inputs=inputs, suffixes=(".png",))
-        if args.json is not None and Path(args.json).resolve() == Path(args.figure).resolve():
+    if o.json is not None:
+        output_file(o.json, "--json", inputs=inputs)
+    if o.figure is not None:
+        output_file(o.figure, "--figure", inputs=inputs, suffixes=(".png",))
+        if o.json is not None and Path(o.json).resolve() == Path(o.figure).resolve():
             raise UserError("--json and --figure name the same file; give two names")
-    devices.resolve(args.device)  # refused before any work
-    result = control.run_checkpoint(args.checkpoint, cfg, progress=not args.no_progress, device=args.device)
+    devices.resolve(device)  # refused before any work
+    result = control.run_checkpoint(args.checkpoint, cfg, progress=o.progress, device=device)
     print(control.format_table(result))
-    if args.json:
-        print(f"wrote {control.write_json(result, args.json)}")
-    if args.figure:
-        with atomic_path(args.figure, suffix=".png") as tmp:  # marked as ours, then moved into place
+    if o.json:
+        print(f"wrote {control.write_json(result, o.json)}")
+    if o.figure:
+        with atomic_path(o.figure, suffix=".png") as tmp:  # marked as ours, then moved into place
             mark_png(control.plot_returns([result], tmp))
-        print(f"wrote {args.figure}")
+        print(f"wrote {o.figure}")
     return 0

@@ -18,8 +18,8 @@ def run(args) -> int:
     from pathlib import Path
 
     from ..core.cli_fields import build, given
-    from ..report.demo import DemoConfig, run_demo
     from ..core.errors import UserError
+    from ..report.demo import DemoConfig, run_demo
 
     values = given(args, args._fields)
     if "out" in values:

@@ -3,18 +3,34 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, field
+
+from ..core.cli_fields import add_fields, parsed
+
+
+@dataclass
+class InspectOptions:
+    """What `inspect` writes besides its text."""
+
+    json: str | None = field(default=None, metadata={"metavar": "OUT.json"})
+    """Also write the config, the parameters' shapes / norms and the sha256 as one JSON object here."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="checkpoint directory")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_fields(p, InspectOptions)
 
 
 def run(args) -> int:
     import numpy as np
 
+    from ..core.files import write_json
+    from ..core.outputs import output_file
     from ..models import checkpoint
 
+    o = parsed(args, InspectOptions)
+    if o.json is not None:
+        output_file(o.json, "--json", inputs=[args.checkpoint], suffixes=(".json",))
     config, tensors = checkpoint.read(args.checkpoint)
     params = {
         name: {"shape": list(t.shape), "dtype": str(t.dtype), "fro_norm": float(np.linalg.norm(t)),
@@ -22,9 +38,8 @@ def run(args) -> int:
         for name, t in sorted(tensors.items())
     }
     digest = checkpoint.sha256(args.checkpoint)
-    if args.json:
-        print(json.dumps({"config": config.to_dict(), "parameters": params, "sha256": digest}, indent=2))
-        return 0
+    if o.json is not None:
+        write_json(o.json, {"config": config.to_dict(), "parameters": params, "sha256": digest})
     raw = config.to_dict()
     layout = config.model.layout
     blocks = ", ".join(f"{name} [{a}, {b})" for name, a, b in layout.blocks)
@@ -42,4 +57,6 @@ def run(args) -> int:
     for name, p in params.items():
         shape = "x".join(map(str, p["shape"]))
         print(f"  {name:{width}s}  {shape:>9s}  {p['dtype']:7s}  {p['fro_norm']:10.4g}  {p['max_abs']:10.4g}  {p['nonzeros']}")
+    if o.json is not None:
+        print(f"wrote {o.json}")
     return 0

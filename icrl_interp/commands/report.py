@@ -8,6 +8,15 @@ import argparse
 import os
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ReportOutput:
+    """Where the report goes."""
+
+    out: str = field(default="icrl-report", metadata={"metavar": "DIR"})
+    """Report directory."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,22 +26,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="checkpoint directories, recordings (.h5), causal JSON files (icrl-interp causal --json), "
                    "training run directories, or folders holding them")
-    p.add_argument("--out", default="icrl-report", help="report directory (default ./icrl-report)")
-    p.add_argument("--analyzer", default=None, help=argparse.SUPPRESS)  # 'module:function', for tests
-    p.set_defaults(_fields=add_fields(p, ReportConfig, skip=("analyzer",), aliases={"use_cache": ("--cache",)}))
+    add_fields(p, ReportOutput)
+    p.set_defaults(_fields=add_fields(p, ReportConfig))
 
 
 def run(args) -> int:
     from ..analyzers.inputs import discover
-    from ..core.cli_fields import build, given
+    from ..core.cli_fields import build, given, parsed
     from ..core.errors import UserError
     from ..report import ReportConfig, build_report
     from ..report.batch import claim_out_dir, write_figure_manifest
     from ..report.headline import text_table
 
     values = {"workers": min(4, os.cpu_count() or 1), **given(args, args._fields)}  # the CLI uses up to 4 cores
-    if args.analyzer:
-        values["analyzer"] = args.analyzer
     config = build(ReportConfig, values)
     if config.workers < 1:
         raise UserError(f"--workers must be at least 1, got {config.workers}")
@@ -48,7 +54,7 @@ def run(args) -> int:
             raise UserError(f"input {found.path} {found.problem}; check the path (nothing was written)")
         if found.kind == "file":
             _check_named_file(found.path)
-    out = claim_out_dir(args.out, args.inputs)
+    out = claim_out_dir(parsed(args, ReportOutput).out, args.inputs)
     created = not os.path.exists(out)
     try:
         with _remote_engine(config.scheduler) as engine:  # an unreachable scheduler fails before anything is written

@@ -12,20 +12,34 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass, field
+
+from ..core.cli_fields import add_fields, parsed
+
+
+@dataclass
+class SweepOptions:
+    """Where the sweep goes and what it runs."""
+
+    out: str = field(metadata={"metavar": "DIR"})
+    """Sweep directory (a re-run continues it)."""
+    scheduler: str | None = None
+    """Where runs and analyses go: serial, local, local:N or tcp://HOST:PORT of a running Dask scheduler
+    (None: local:WORKERS for more than one run, else serial)."""
+    workers: int | None = None
+    """Worker processes of the local Dask cluster (None: min(4, CPUs))."""
+    eval: bool = True
+    """Each run's held-out evaluation (--no-eval: skip it)."""
+    report: bool = True
+    """The batch report over the runs (--no-report: train only)."""
+    progress: bool = True
+    """Show progress bars on stderr."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("grid", metavar="GRID.toml", help="the sweep: family, seeds, [base] fields, [grid] lists of values "
                    "(format in docs/cluster.md)")
-    p.add_argument("--out", required=True, help="sweep directory (a re-run continues it)")
-    p.add_argument("--scheduler", default=None, metavar="SCHEDULER",
-                   help="where runs and analyses go: serial, local, local:N or tcp://HOST:PORT of a running Dask "
-                        "scheduler (default: local:WORKERS for more than one run, else serial)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="worker processes of the local Dask cluster (default: min(4, CPUs))")
-    p.add_argument("--no-eval", action="store_true", help="skip each run's held-out evaluation")
-    p.add_argument("--no-report", action="store_true", help="train only; no batch report")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_fields(p, SweepOptions)
 
 
 def _status(result: dict | None) -> str:
@@ -45,24 +59,25 @@ def run(args) -> int:
     from ..train import sweep
     from .train import check_size
 
+    o = parsed(args, SweepOptions)
     s = sweep.read_sweep(args.grid)  # a grid of too many runs is refused here, before torch is imported
-    report_config = None if args.no_report else _report_config(s.report, args)
-    workers = args.workers if args.workers is not None else min(4, os.cpu_count() or 1)
-    chosen = choose_scheduler(args.scheduler, len(s.points), workers)
+    report_config = _report_config(s.report, args.grid, o.progress) if o.report else None
+    workers = o.workers if o.workers is not None else min(4, os.cpu_count() or 1)
+    chosen = choose_scheduler(o.scheduler, len(s.points), workers)
     seen = set()
     for point in s.points:  # sizes that do not fit fail before anything is made
         key = sweep.config_hash(point.config)
         if key not in seen:
             seen.add(key)
             check_size(point.config)
-    out = Path(output_dir(args.out, "--out", inputs=[args.grid], owned=sweep.is_sweep_dir, what="sweep directory"))
+    out = Path(output_dir(o.out, "--out", inputs=[args.grid], owned=sweep.is_sweep_dir, what="sweep directory"))
     runs_dir = out.resolve() / "runs"
     report_dir = out / "report"
-    if not args.no_report and out.is_dir():  # an earlier sweep's report is replaced, anything else refused
+    if o.report and out.is_dir():  # an earlier sweep's report is replaced, anything else refused
         from ..report.batch import claim_out_dir
 
         claim_out_dir(report_dir, flag="the report directory")
-    evaluate = not args.no_eval
+    evaluate = o.eval
     todo = [p for p in s.points if not sweep.is_finished(runs_dir / p.name, p.config, evaluate)]
     _check_disk(todo, out)
     n_failed = 0
@@ -71,7 +86,7 @@ def run(args) -> int:
         write_json(out / "sweep.json", sweep.plan(s, runs_dir))
         runs_dir.mkdir(exist_ok=True)
         jobs = [(p.config.to_dict(), str(runs_dir / p.name), evaluate) for p in todo]
-        done = engine.map(sweep.train_point, jobs, desc="training", progress=not args.no_progress,
+        done = engine.map(sweep.train_point, jobs, desc="training", progress=o.progress,
                           lost=lambda why: {"error": f"worker died: {why}"})
         results = {point.name: result for point, result in zip(todo, done)}
         for point in s.points:
@@ -80,7 +95,7 @@ def run(args) -> int:
             print(f"{point.name}: {line}")
         print(f"{len(s.points)} runs: {len(s.points) - len(todo)} reused, {len(todo) - n_failed} trained or resumed, "
               f"{n_failed} failed; runs in {runs_dir}")
-        if args.no_report:
+        if not o.report:
             return 1 if n_failed else 0
         finished = [runs_dir / p.name for p in s.points if "error" not in results.get(p.name, {})]
         if not finished:
@@ -103,18 +118,18 @@ def _check_disk(points, out) -> None:
                         "checkpoint_every")
 
 
-def _report_config(fields: dict, args):
+def _report_config(fields: dict, grid: str, progress: bool):
     """The batch report's ReportConfig: the grid file's [report] fields, checked before any training."""
     from ..core.errors import UserError
     from ..report import ReportConfig
 
-    config = ReportConfig(progress=not args.no_progress, **fields)
+    config = ReportConfig(progress=progress, **fields)
     try:
         config.control()
     except UserError as e:
-        raise UserError(f"{args.grid}: report.{e}") from None
+        raise UserError(f"{grid}: report.{e}") from None
     if config.max_recordings < 0:
-        raise UserError(f"{args.grid}: report.max_recordings must be non-negative, got {config.max_recordings}")
+        raise UserError(f"{grid}: report.max_recordings must be non-negative, got {config.max_recordings}")
     return config
 
 

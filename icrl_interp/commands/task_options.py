@@ -1,65 +1,70 @@
-"""Task flags shared by the commands that run a user's model on a family's task (`record`, `causal`):
-`--task FAMILY` plus the family's construct options (`icrl-interp construct FAMILY --help`)."""
+"""Flags of the commands that run a model on prompts (`record`, `analyze --live`, `causal`, `verdict`): your
+own model and the task it runs on (`UserModel`, plus `--task FAMILY`'s construct options:
+`icrl-interp construct FAMILY --help`), and how it is run (`Prompts`)."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass, field
+
+from ..core.cli_fields import add_fields
+
+
+def _task_families() -> list[str]:
+    from ..families import registry
+
+    return registry.where(lambda f: f.construct is not None)
+
+
+@dataclass
+class UserModel:
+    """Your own model and the family whose task it runs on (docs/byom.md)."""
+
+    model: str | None = field(default=None, metadata={"metavar": "FILE.py:FUNC"})
+    """Your own model: FUNC() returns a torch.nn.Module taking the task's prompts z[batch, pos, d_model]
+    (FILE.py:FUNC or package.module:FUNC; docs/byom.md)."""
+    weights: str | None = field(default=None, metadata={"metavar": "W.safetensors"})
+    """State dict loaded strictly into --model."""
+    task: str | None = field(default=None, metadata={"choices": _task_families})
+    """The family whose task --model runs on (its task options below, as in `icrl-interp construct FAMILY`)."""
+
+
+@dataclass
+class Prompts:
+    """How a model is run on its task: probe spec, prompts, batches, baseline."""
+
+    probe: str | None = field(default=None, metadata={"metavar": "SPEC.toml"})
+    """Probe spec TOML (default: the model family's spec in probes/, or the TransformerLens spec; your own
+    module needs one with [roles])."""
+    tasks: int = 512
+    """Number of tasks sampled, one prompt each."""
+    batch_size: int = 128
+    """Prompts per forward pass."""
+    prompt_seed: int = 0
+    """Seed of the task sampler: which tasks are drawn and the trajectories of their prompts."""
+    prompts: str | None = field(default=None, metadata={"metavar": "FILE"})
+    """Run on these prompts (.npz or .h5 with z [N, pos, d_model]; may carry task_id, gamma, tasks_* and
+    reference_* arrays) instead of sampling."""
+    baseline: str = field(default="random-init", metadata={"choices": ("random-init", "none")})
+    """Also run the same architecture at random initialization on the same prompts, the probes' baseline
+    (random-init), or not (none)."""
 
 
 def add(p: argparse.ArgumentParser) -> None:
-    """--model, --weights, --task and the union of every family's construct options (a flag a family
-    lacks is refused once the family is known)."""
+    """`UserModel`'s flags and the union of every family's construct options (a flag a family lacks is
+    refused once the family is known)."""
     from ..families import registry
-    from ..core.cli_fields import add_fields
 
-    p.add_argument("--model", metavar="FILE.py:FUNC", help="your own model: FUNC() returns a torch.nn.Module taking the "
-                   "task's prompts z[batch, pos, d_model] (FILE.py:FUNC or package.module:FUNC; docs/byom.md)")
-    p.add_argument("--weights", metavar="W.safetensors", help="state dict loaded strictly into --model")
-    names = registry.where(lambda f: f.construct is not None)
-    p.add_argument("--task", choices=names, help="the family whose task --model is recorded on")
+    add_fields(p.add_argument_group("your own model (docs/byom.md)"), UserModel)
     group = p.add_argument_group("task options (with --task; as in `icrl-interp construct FAMILY`)")
     seen: set[str] = set()
     fields: dict[str, list[str]] = {}
-    for name in names:
+    for name in _task_families():
         cls = registry.get(name).construct
         fields[name] = [f.name for f in dataclasses.fields(cls)]
         fresh = tuple(f.name for f in dataclasses.fields(cls) if f.name in seen)
         seen.update(add_fields(group, cls, skip=fresh))
     p.set_defaults(_task_fields=fields)
-
-
-class Noted(argparse.Action):
-    """Store the value and note the flag as given (`given_flags`): an option with a real default can still
-    be told apart from one the user typed, so a command can refuse an option it would ignore."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, values)
-        namespace._noted = {**getattr(namespace, "_noted", {}), self.dest: option_string}
-
-
-def given_flags(args, dests) -> list[str]:
-    """The flags (as typed) of the `Noted` options among `dests` that the user gave, in `dests` order."""
-    noted = getattr(args, "_noted", {})
-    return [noted[d] for d in dests if d in noted]
-
-
-PROMPT_OPTIONS = ("probe", "tasks", "batch_size", "prompt_seed", "prompts", "baseline")
-"""Dests of `add_prompts`: how a model is run on prompts (meaningless for an input that is not run)."""
-
-
-def add_prompts(p: argparse._ActionsContainer, seed_flag: str = "--seed") -> None:
-    """How a model is run on its task (`record`, `analyze --live`): probe spec, prompts, batches, baseline.
-    `seed_flag` names the sampler's seed (`analyze` keeps --seed for its task split)."""
-    p.add_argument("--probe", action=Noted, help="probe spec TOML (default: the model family's spec in probes/, "
-                   "or the TransformerLens spec; your own module needs one with [roles])")
-    p.add_argument("--tasks", action=Noted, type=int, default=512, help="number of prompts (one task each) to sample")
-    p.add_argument("--batch-size", action=Noted, type=int, default=128, help="prompts per forward pass")
-    p.add_argument(seed_flag, dest="prompt_seed", action=Noted, type=int, default=0, help="seed of the task sampler")
-    p.add_argument("--prompts", action=Noted, help="run on these prompts (.npz or .h5 with z [N, pos, d_model]; "
-                   "may carry task_id, gamma, tasks_* and reference_* arrays) instead of sampling")
-    p.add_argument("--baseline", action=Noted, choices=("random-init", "none"), default="random-init",
-                   help="also run the same architecture at random initialization on the same prompts, "
-                   "the probes' baseline (default: random-init)")
 
 
 def _given_options(args) -> dict:
@@ -106,9 +111,9 @@ def model_and_task(args, ckpt: str | None):
     """(model, task config, source) from the checkpoint directory `ckpt` or `--model ... --task FAMILY [task
     options]`. The checkpoint is an argument, not read from `args`: each command names its own (a positional
     of record and causal, verdict's SOURCE when it is a directory, none for analyze --live --model)."""
+    from ..core.errors import UserError
     from ..models import checkpoint
     from ..models.construct import task_config
-    from ..core.errors import UserError
 
     options = values(args)
     if args.model is None:
@@ -127,14 +132,14 @@ def model_and_task(args, ckpt: str | None):
     return user.load(args.model, args.weights), config, args.model
 
 
-def check_sizes(args, ckpt: str | None, out=None, held: bool = False) -> None:
-    """Memory per batch, disk (`out`: the recording written) and work of the run `add_prompts` describes,
-    refused before torch is imported and before the model is loaded (`icrl_interp.recording.budget`). `held`: the
+def check_sizes(args, run: Prompts, ckpt: str | None, out=None, held: bool = False) -> None:
+    """Memory per batch, disk (`out`: the recording written) and work of the run `run` describes, refused
+    before torch is imported and before the model is loaded (`icrl_interp.recording.budget`). `held`: the
     command holds every prompt at once (`causal`): their data is one batch. Inputs that do not make a task
     are left to `model_and_task`, which names what is wrong with them."""
-    from ..recording import budget
     from ..models import checkpoint
     from ..models.construct import task_config
+    from ..recording import budget
 
     if args.model is not None and args.task is not None and ckpt is None:
         config, own_model = task_config(args.task, values(args)), False
@@ -142,6 +147,6 @@ def check_sizes(args, ckpt: str | None, out=None, held: bool = False) -> None:
         config, own_model = checkpoint.read(ckpt)[0], True
     else:
         return
-    budget.check_run(config, tasks=args.tasks, batch_size=args.tasks if held else args.batch_size,
-                     baseline=args.baseline != "none" and not held, own_model=own_model and not held,
-                     prompts=getattr(args, "prompts", None), out=out, batch_flag="--tasks" if held else "--batch-size")
+    budget.check_run(config, tasks=run.tasks, batch_size=run.tasks if held else run.batch_size,
+                     baseline=run.baseline != "none" and not held, own_model=own_model and not held,
+                     prompts=run.prompts, out=out, batch_flag="--tasks" if held else "--batch-size")

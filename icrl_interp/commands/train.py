@@ -11,24 +11,34 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from dataclasses import dataclass, field
 
-from ..core import devices
-from ..core.cli_fields import add_fields, given
+from ..core import devices, vocabulary
+from ..core.cli_fields import add_fields, given, parsed
 
 SKIP = ("family",)
 """Config fields that are not flags (the family is the sub-command)."""
 
 
-def _general(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="run directory (resumed if it holds the same config)")
-    p.add_argument("--config", help="JSON file with config fields (flags override it)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
-    p.add_argument("--export", metavar="DIR", help="after training, copy the final checkpoint + metrics + config to DIR, "
-                   "and the earlier checkpoints to DIR/snapshots/step_*/ (model + config, for metrics over training)")
-    p.add_argument("--no-snapshots", action="store_true", help="with --export: the final checkpoint only")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: fastest for these tiny matmuls)")
-    devices.add_argument(p, "the training steps run (the evaluation runs on the CPU)")
+@dataclass
+class TrainRun:
+    """Where a run goes and how it runs (the run itself: the family's TrainConfig)."""
+
+    out: str = field(metadata={"metavar": "RUN_DIR"})
+    """Run directory (resumed if it holds the same config)."""
+    config: str | None = field(default=None, metadata={"metavar": "CONFIG.json"})
+    """JSON file with config fields (flags override it)."""
+    progress: bool = True
+    """Show a progress bar on stderr."""
+    eval: bool = True
+    """The held-out evaluation at the end (--no-eval: skip it)."""
+    export: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """After training, copy the final checkpoint + metrics + config to DIR, and the earlier checkpoints to
+    DIR/snapshots/step_*/ (model + config, for metrics over training)."""
+    snapshots: bool = True
+    """With --export: also the earlier checkpoints (--no-snapshots: the final one only)."""
+    threads: int = 1
+    """Torch threads (1: fastest for these tiny matmuls)."""
 
 
 class FamilyParser(argparse.ArgumentParser):
@@ -43,8 +53,8 @@ class FamilyParser(argparse.ArgumentParser):
             self._filled = True
             from ..train.recipe import recipe
 
-            r = recipe(self.family)
-            add_fields(self, r.config_class, skip=SKIP, aliases=r.aliases)
+            add_fields(self, recipe(self.family).config_class, skip=SKIP)
+            vocabulary.refuse_renamed(self, f"train {self.family}")
         return self
 
     def parse_known_args(self, args=None, namespace=None):
@@ -71,28 +81,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         # no abbreviations: '--d' of one family must not silently become another family's '--dtype'
         fp = sub.add_parser(name, help=summary, description=f"Train a model of family {name}: {summary}.", allow_abbrev=False)
         fp.family = name
-        _general(fp)
+        add_fields(fp, TrainRun)
+        add_fields(fp, devices.Device)
 
 
-def config_from_args(args):
-    """The TrainConfig of the parsed arguments: --config file, then the flags given."""
+def config_from_args(args, config_file: str | None = None):
+    """The TrainConfig of the parsed arguments: the --config file `config_file`, then the flags given."""
     from ..core.errors import UserError
     from ..train import config_for
     from ..train.recipe import recipe
 
     overrides = {}
-    if args.config:
+    if config_file:
         try:
-            with open(args.config) as f:
+            with open(config_file) as f:
                 overrides = json.load(f)
         except (OSError, ValueError) as e:
-            raise UserError(f"cannot read config file {args.config}: {e}") from None
+            raise UserError(f"cannot read config file {config_file}: {e}") from None
         except RecursionError:
-            raise UserError(f"config file {args.config} is nested too deeply; it must hold one flat JSON object") from None
+            raise UserError(f"config file {config_file} is nested too deeply; it must hold one flat JSON object") from None
         if not isinstance(overrides, dict):
-            raise UserError(f"config file {args.config} must hold a JSON object")
+            raise UserError(f"config file {config_file} must hold a JSON object")
         if overrides.pop("family", args.family) != args.family:
-            raise UserError(f"config file {args.config} is for another family than {args.family}")
+            raise UserError(f"config file {config_file} is for another family than {args.family}")
         overrides.pop("run_id", None)
     names = [f.name for f in dataclasses.fields(recipe(args.family).config_class) if f.name not in SKIP]
     overrides.update(given(args, names))
@@ -102,16 +113,16 @@ def config_from_args(args):
         raise UserError(f"an option is out of range ({e}); give finite numbers") from None
 
 
-SIZE_FIELDS = ("d", "n_states", "n_actions", "n", "n_layers", "batch", "tasks_per_step", "trajectories_per_task",
+SIZE_FIELDS = ("d", "n_states", "n_actions", "n", "n_layers", "tasks_per_step", "trajectories_per_task",
                "windows", "eval_tasks")
 """Config fields that set how much a run allocates (those a family has)."""
 
 
 def check_size(cfg) -> None:
     """Refuse a config whose model, batches or evaluation do not fit in memory (before anything is made)."""
-    from ..models.construct import LAYER_OVERHEAD
     from ..core.errors import UserError
     from ..core.outputs import check_fits
+    from ..models.construct import LAYER_OVERHEAD
     from ..train.recipe import recipe_of
 
     sizes = {k: getattr(cfg, k) for k in SIZE_FIELDS
@@ -125,7 +136,7 @@ def check_size(cfg) -> None:
         except UserError:  # sizes that do not make a model: the others decide
             return 2**200
         D, L, n, S, A = model.D, model.n_layers, s.get("n", 1), s.get("n_states", 1), s.get("n_actions", 1)
-        tasks = s.get("batch", 1) * s.get("tasks_per_step", 1)
+        tasks = s.get("tasks_per_step", 1)
         seqs = tasks * s.get("trajectories_per_task", 1) * (s.get("windows", 0) + 1)
         per_prompt = item * ((n + 1) * D * (L + 1) * 4 + (n + 1) ** 2 * L * 2)  # activations, grads, attention
         task_data = 8 * 3 * S * S * A + 8 * 3 * (n + s.get("windows", 0) + 2)
@@ -164,30 +175,30 @@ def run(args) -> int:
     from ..train import train
     from ..train.trainer import is_run_dir
 
-    if not 1 <= args.threads <= 1024:
-        raise UserError(f"--threads must be between 1 and 1024, got {args.threads}")
-    devices.resolve(args.device)
-    cfg = config_from_args(args)
+    o, device = parsed(args, TrainRun), parsed(args, devices.Device).device
+    if not 1 <= o.threads <= 1024:
+        raise UserError(f"--threads must be between 1 and 1024, got {o.threads}")
+    devices.resolve(device)
+    cfg = config_from_args(args, o.config)
     check_finite(cfg)
     if cfg.seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {cfg.seed}")
     check_size(cfg)
-    output_dir(args.out, "--out", inputs=[args.config] if args.config else [], owned=is_run_dir,
+    output_dir(o.out, "--out", inputs=[o.config] if o.config else [], owned=is_run_dir,
                what="training run directory")
-    if args.export is not None:
-        if str(args.export).strip() and Path(args.export).resolve() == Path(args.out).resolve():
-            raise UserError(f"--export {args.export} is the run directory (--out); export to another directory")
-        output_dir(args.export, "--export", inputs=[args.out], replaces=True)
-    check_disk(cfg, args.out)
-    result = train(cfg, args.out, progress=not args.no_progress, evaluate=not args.no_eval, threads=args.threads,
-                   device=args.device)
+    if o.export is not None:
+        if str(o.export).strip() and Path(o.export).resolve() == Path(o.out).resolve():
+            raise UserError(f"--export {o.export} is the run directory (--out); export to another directory")
+        output_dir(o.export, "--export", inputs=[o.out], replaces=True)
+    check_disk(cfg, o.out)
+    result = train(cfg, o.out, progress=o.progress, evaluate=o.eval, threads=o.threads, device=device)
     if result.resumed_from:
         print(f"resumed from step {result.resumed_from}")
     print(f"run directory: {result.run_dir}")
     if result.final_metrics:
         print(json.dumps(result.final_metrics, indent=1))
-    if args.export:
+    if o.export:
         from ..train.trainer import export_final
 
-        print(f"exported to {export_final(result.run_dir, args.export, snapshots=not args.no_snapshots)}")
+        print(f"exported to {export_final(result.run_dir, o.export, snapshots=o.snapshots)}")
     return 0

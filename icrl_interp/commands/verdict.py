@@ -10,34 +10,54 @@ chosen form would ignore (e.g. --tasks on a recording) is refused. docs/verdict.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.cli_fields import add_fields, given_flags, parsed
 from . import task_options
+
+
+@dataclass
+class VerdictOptions:
+    """Which candidates, how they are scored, the causal evidence, and what is written."""
+
+    candidates: str | None = None
+    """Comma-separated candidate names (None: every one that applies; docs/verdict.md lists them)."""
+    max_step: int | None = None
+    """Largest candidate step k tried per layer (None: 2 x layers + 2)."""
+    test_fraction: float = 0.3
+    """Share of the tasks held out for the scores."""
+    split_seed: int = 0
+    """Seed of the held-out split of the tasks and of its bootstrap resamples."""
+    bootstrap: int = 1000
+    """Bootstrap resamples of the held-out tasks."""
+    min_r2: float = 0.5
+    """Held-out behaviour R² a candidate needs to fit."""
+    max_prompts: int = 1024
+    """Prompts of the recording read."""
+    random_draws: int = 16
+    """Random directions of the causal evidence's control."""
+    direction_seed: int = 0
+    """Seed of those random directions."""
+    causal_tasks: int = 64
+    """Held-out tasks edited for the causal evidence."""
+    causal: bool = True
+    """The causal evidence with a model (--no-causal: skip it)."""
+    json: str | None = field(default=None, metadata={"metavar": "OUT.json"})
+    """Write the verdict here (icrl_interp.verdict/1)."""
+    figure: str | None = field(default=None, metadata={"metavar": "OUT.png"})
+    """Draw behaviour R² per layer and candidate."""
+
+
+CAUSAL_ONLY = ("random_draws", "direction_seed", "causal_tasks")
+"""Options of the causal evidence, which edits the model (not used without one)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", nargs="?", help="a recording (.h5) or a checkpoint directory; or use --model with --task")
-    p.add_argument("--candidates", help="comma-separated candidate names (default: every one that applies; "
-                   "docs/verdict.md lists them)")
-    p.add_argument("--steps", type=int, help="largest candidate step k tried per layer (default: 2 x layers + 2)")
-    p.add_argument("--test-fraction", type=float, default=0.3, help="share of the tasks held out for the scores "
-                   "(default: 0.3)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the task split, bootstrap and random directions "
-                   "(default: 0)")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the held-out tasks "
-                   "(default: 1000)")
-    p.add_argument("--min-r2", type=float, default=0.5, help="held-out behaviour R² a candidate needs to fit "
-                   "(default: 0.5)")
-    p.add_argument("--max-prompts", type=int, default=1024, help="prompts of the recording read (default: 1024)")
-    p.add_argument("--causal-draws", action=task_options.Noted, type=int, default=16,
-                   help="random directions of the causal control (default: 16)")
-    p.add_argument("--causal-tasks", action=task_options.Noted, type=int, default=64,
-                   help="held-out tasks edited (default: 64)")
-    p.add_argument("--no-causal", action="store_true", help="skip the causal evidence even with a model")
-    p.add_argument("--json", metavar="OUT.json", help="write the verdict here (icrl_interp.verdict/1)")
-    p.add_argument("--figure", metavar="OUT.png", help="draw behaviour R² per layer and candidate")
+    add_fields(p, VerdictOptions)
     task_options.add(p)
-    task_options.add_prompts(p, seed_flag="--record-seed")
+    add_fields(p.add_argument_group("prompts (a model is recorded first)"), task_options.Prompts)
 
 
 def table(v: dict) -> str:
@@ -68,25 +88,27 @@ def _refuse_unused(args, recording: str) -> None:
     brings its prompts and task; the model given with it (--model) is only edited for the causal evidence."""
     from ..core.errors import UserError
 
-    recorded = task_options.given_flags(args, ("tasks", "prompt_seed", "baseline"))
+    recorded = given_flags(args, task_options.Prompts, ("tasks", "prompt_seed", "baseline"))
     if recorded:
         raise UserError(f"{', '.join(recorded)}: not used on a recording ({recording} holds its prompts); they set "
                         "how `verdict CKPT` or `verdict --model ... --task` records a model first: drop them")
     if args.model is not None and task_options.task_flags(args):
         raise UserError(f"{', '.join(task_options.task_flags(args))}: {recording} brings its own task (the model "
                         "given with it is edited on the recorded prompts): drop them")
-    causal = task_options.given_flags(args, ("probe", "batch_size", "causal_draws", "causal_tasks"))
+    causal = given_flags(args, task_options.Prompts, ("probe", "batch_size")) + \
+        given_flags(args, VerdictOptions, CAUSAL_ONLY)
     if args.model is None and causal:
         raise UserError(f"{', '.join(causal)}: not used without the model; they set the causal evidence, which edits "
                         "the model: add --model FILE.py:FUNC (the recorded model), or drop them")
 
 
 def run(args) -> int:
-    from ..verdicts.causal_evidence import verdict
     from ..core.errors import UserError
     from ..core.files import write_json
     from ..core.outputs import output_file
+    from ..verdicts.causal_evidence import verdict
 
+    o, prompts = parsed(args, VerdictOptions), parsed(args, task_options.Prompts)
     ckpt = recording = None
     if args.source is not None:
         if Path(args.source).is_dir():
@@ -96,22 +118,22 @@ def run(args) -> int:
     if recording is not None:
         _refuse_unused(args, recording)
     files = task_options.input_files(args) + ([args.source] if args.source else [])
-    if args.json:
-        output_file(args.json, "--json", inputs=files, suffixes=(".json",))
-    if args.figure:
-        output_file(args.figure, "--figure", inputs=files, suffixes=(".png", ".svg"))
-    cands = None if args.candidates is None else [c.strip() for c in args.candidates.split(",") if c.strip()]
-    for name, value, low in (("--bootstrap", args.bootstrap, 10), ("--max-prompts", args.max_prompts, 10),
-                             ("--causal-draws", args.causal_draws, 1), ("--causal-tasks", args.causal_tasks, 2),
-                             ("--tasks", args.tasks, 10), ("--batch-size", args.batch_size, 1)):
+    if o.json:
+        output_file(o.json, "--json", inputs=files, suffixes=(".json",))
+    if o.figure:
+        output_file(o.figure, "--figure", inputs=files, suffixes=(".png", ".svg"))
+    cands = None if o.candidates is None else [c.strip() for c in o.candidates.split(",") if c.strip()]
+    for name, value, low in (("--bootstrap", o.bootstrap, 10), ("--max-prompts", o.max_prompts, 10),
+                             ("--random-draws", o.random_draws, 1), ("--causal-tasks", o.causal_tasks, 2),
+                             ("--tasks", prompts.tasks, 10), ("--batch-size", prompts.batch_size, 1)):
         if value < low:
             raise UserError(f"{name} must be at least {low}, got {value}")
-    if args.steps is not None and args.steps < 1:
-        raise UserError(f"--steps must be at least 1, got {args.steps}")
-    if not -1e9 < args.min_r2 <= 1.0:
-        raise UserError(f"--min-r2 must be a number at most 1, got {args.min_r2}")
-    if not 0.0 < args.test_fraction < 1.0:
-        raise UserError(f"--test-fraction must lie in (0, 1), got {args.test_fraction}")
+    if o.max_step is not None and o.max_step < 1:
+        raise UserError(f"--max-step must be at least 1, got {o.max_step}")
+    if not -1e9 < o.min_r2 <= 1.0:
+        raise UserError(f"--min-r2 must be a number at most 1, got {o.min_r2}")
+    if not 0.0 < o.test_fraction < 1.0:
+        raise UserError(f"--test-fraction must lie in (0, 1), got {o.test_fraction}")
     if cands is not None:
         from ..verdicts.candidates import CANDIDATES
 
@@ -119,7 +141,7 @@ def run(args) -> int:
         if unknown or not cands:
             raise UserError(f"--candidates: unknown {', '.join(unknown) or '(none given)'} "
                             f"(known: {', '.join(CANDIDATES)})")
-    if args.prompts is not None:
+    if prompts.prompts is not None:
         raise UserError("--prompts: record the model on your prompts first (icrl-interp record --prompts), then "
                         "run the verdict on that recording")
     model = config = label = None
@@ -130,25 +152,24 @@ def run(args) -> int:
     elif ckpt is not None or args.model is not None:
         from tempfile import gettempdir
 
-        task_options.check_sizes(args, ckpt, out=gettempdir())  # it records the model there first
+        task_options.check_sizes(args, prompts, ckpt, out=gettempdir())  # it records the model there first
         model, config, label = task_options.model_and_task(args, ckpt)
     elif args.task is not None or args.weights is not None:
         raise UserError("--task and --weights go with --model")
     if recording is None and model is None:
         raise UserError("give a recording (.h5), a checkpoint directory, or --model FILE.py:FUNC with --task FAMILY")
-    v = verdict(recording, model=model, task=config, probe=args.probe,
-                tasks=args.tasks, record_seed=args.prompt_seed, candidates=cands, steps=args.steps,
-                test_fraction=args.test_fraction, seed=args.seed, bootstrap=args.bootstrap, min_r2=args.min_r2,
-                max_prompts=args.max_prompts, causal_draws=args.causal_draws, causal_tasks=args.causal_tasks,
-                causal=not args.no_causal, label=recording or label, baseline=args.baseline,
-                batch_size=args.batch_size)
+    v = verdict(recording, model=model, task=config, probe=prompts.probe, tasks=prompts.tasks,
+                prompt_seed=prompts.prompt_seed, candidates=cands, steps=o.max_step, test_fraction=o.test_fraction,
+                split_seed=o.split_seed, direction_seed=o.direction_seed, bootstrap=o.bootstrap, min_r2=o.min_r2,
+                max_prompts=o.max_prompts, causal_draws=o.random_draws, causal_tasks=o.causal_tasks,
+                causal=o.causal, label=recording or label, baseline=prompts.baseline, batch_size=prompts.batch_size)
     print(table(v))
-    if args.json:
-        write_json(args.json, v)
-        print(f"wrote {args.json}")
-    if args.figure:
+    if o.json:
+        write_json(o.json, v)
+        print(f"wrote {o.json}")
+    if o.figure:
         from ..report.verdict import write_figure
 
-        write_figure(v, args.figure)
-        print(f"wrote {args.figure}")
+        write_figure(v, o.figure)
+        print(f"wrote {o.figure}")
     return 0

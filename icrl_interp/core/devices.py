@@ -6,7 +6,7 @@ running on a GPU needs and that are no-ops on the CPU, so the same code path run
 test suite: host buffers in page-locked ("pinned") memory, from which a device-to-host copy can run
 asynchronously; a wait for the device's queued work; and moving nested batches of tensors.
 
-Building the CLI imports no torch: `add_argument` only adds the flag.
+Building the CLI imports no torch: `Device` only declares the flag.
 """
 from __future__ import annotations
 
@@ -20,12 +20,15 @@ DEFAULT = "cpu"
 """The default: results never depend on whether a GPU happens to be there."""
 
 
-def add_argument(parser, what: str = "the model") -> None:
-    """The `--device` flag of a command. Its value is checked by `resolve` (a one-line UserError), not
-    by argparse, whose errors in a sub-command's sub-parser (`train FAMILY`) print the whole usage."""
-    parser.add_argument("--device", metavar="{" + ",".join(CHOICES) + "}", default=DEFAULT,
-                        help=f"where {what} runs: cpu, cuda (a GPU; an error without one) or auto (cuda when "
-                             f"available, else cpu) (default: {DEFAULT})")
+@dataclasses.dataclass
+class Device:
+    """The `--device` flag of a command (`core.cli_fields.add_fields`). Its value is checked by `resolve` (a
+    one-line UserError), not by argparse, whose errors in a sub-command's sub-parser (`train FAMILY`) print
+    the whole usage."""
+
+    device: str = dataclasses.field(default=DEFAULT, metadata={"metavar": "{" + ",".join(CHOICES) + "}"})
+    """Where the model's torch work runs: cpu, cuda (a GPU; an error without one) or auto (cuda when available,
+    else cpu); what is drawn at random is drawn on the CPU either way (docs/cli.md, "Devices")."""
 
 
 def resolve(name=DEFAULT):

@@ -9,8 +9,10 @@ layer H + (1/n)(V H)(H^T P H) outputs in the last column
 
 delta_i = r_{i+1} + gamma w.phi+_i - w.phi_i and g_i = grad_lam log pi_lam(a_i|s_i) for the softmax
 policy pi_lam(a|s) ∝ exp(lam . phi_pi(s, a)). alpha is the actor's step, beta the critic's. A
-checkpoint stores alpha as model.alpha and beta in origin.beta (theta*) or training.beta
-(trained); `read_constants` resolves it. The critic is the SARSA construction.
+checkpoint stores alpha as model.alpha and beta as origin.critic_step (theta*) or training.critic_step
+(trained), never under the name beta, which is the task's feature scale (task.beta); `read_constants`
+resolves it. Checkpoints written by icrl_interp 0.1 name it origin.beta / training.beta: `RENAMED` reads them.
+The critic is the SARSA construction.
 """
 from __future__ import annotations
 
@@ -20,11 +22,11 @@ from typing import Any
 import numpy as np
 from jaxtyping import Float, Int
 
-from ..tasks import envs, layouts, reference
-from . import registry
-from ..tasks import sampling
 from ..core import validate as V
 from ..core.errors import UserError
+from ..tasks import envs, layouts, reference
+from ..tasks import sampling
+from . import registry
 from . import sarsa
 
 Array = np.ndarray
@@ -110,6 +112,11 @@ def prompt_from_mdp(mdp: envs.MDPBatch, traj: envs.Trajectories, w: Float[Array,
     return prompt(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam, mdp.gamma, c["states"], c["actions"])
 
 
+RENAMED = {"origin": {"beta": "critic_step"}, "training": {"beta": "critic_step", "batch": "tasks_per_step"}}
+"""Config keys renamed after 0.1 (read from older checkpoints and run configs, written new): the critic step was
+`beta`, the name of the task's feature scale, and tasks per optimizer step were `batch`."""
+
+
 # ------------------------------------------------------------------- theta*
 def theta_star_blocks(d: int, m: int, alpha: float = 1.0, beta: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(P12*, V21*): P12* maps [1; w; lam] to (-w, w, 1, 0) so x_i^T P12* p = delta_i;
@@ -141,17 +148,22 @@ def theta_star(d: int, m: int, alpha: float = 1.0, beta: float = 1.0, c: float =
     return {"P": P, "V": Vm}
 
 
+def _critic_step(alpha: float, k: dict) -> float:
+    """The critic step beta of constants `k` (None: beta = alpha, the actor's step)."""
+    return alpha if k.get("critic_step") is None else float(k["critic_step"])
+
+
 def _layer_theta(model, alpha: float, k: dict) -> dict[str, np.ndarray]:
-    beta = alpha if k.get("beta") is None else float(k["beta"])
-    return theta_star(model.d, model.m, alpha, beta, k["c"])
+    return theta_star(model.d, model.m, alpha, _critic_step(alpha, k), k["c"])
 
 
 def read_constants(config) -> dict:
-    """c from origin; the critic step beta from origin.beta, else training.beta, else the actor step alpha."""
+    """c from origin; the critic step beta from origin.critic_step, else training.critic_step, else the actor
+    step alpha."""
     origin, training = getattr(config, "origin", None) or {}, getattr(config, "training", None) or {}
-    beta = next((float(src["beta"]) for src in (origin, training) if src.get("beta") is not None),
+    beta = next((float(src["critic_step"]) for src in (origin, training) if src.get("critic_step") is not None),
                 float(config.model.alpha))
-    return {"c": float(origin.get("c", 1.0)), "beta": beta}
+    return {"c": float(origin.get("c", 1.0)), "critic_step": beta}
 
 
 # -------------------------------------------------------------- readout
@@ -184,8 +196,7 @@ def reference_step(z: Float[Array, "batch pos d_model"], d: int, m: int, gamma: 
 
 
 def reference_from_prompt(z: np.ndarray, model, constants: dict) -> dict[str, np.ndarray]:
-    beta = model.alpha if constants.get("beta") is None else float(constants["beta"])
-    return reference_step(z, model.d, model.m, model.gamma, model.alpha, beta)
+    return reference_step(z, model.d, model.m, model.gamma, model.alpha, _critic_step(model.alpha, constants))
 
 
 def tabular_policy_features(d: int, m: int, n_states: int, n_actions: int, sa_features: str = "onehot") -> np.ndarray:
@@ -255,7 +266,7 @@ def control(config, epsilon: float = 0.1) -> Control:
     n_states, n_actions = sarsa.mdp_shape(config)
     tabular_policy_features(config.model.d, int(config.model.m), n_states, n_actions, config.task.sa_features)
     k = config.constants
-    return Control(n_states, n_actions, config.model.gamma, config.model.alpha, k["beta"], epsilon,
+    return Control(n_states, n_actions, config.model.gamma, config.model.alpha, k["critic_step"], epsilon,
                    **sarsa.feature_options(config))
 
 
@@ -275,8 +286,8 @@ class Construct(sarsa.Construct):
         return {"m": d}  # the tabular softmax policy: m = d
 
     def constants(self) -> dict:
-        beta = self.alpha if self.critic_step is None else self.critic_step
-        return {"c": self.scale, "beta": beta}  # beta stored explicitly: the checkpoint says which step it holds
+        # stored explicitly (origin.critic_step): the checkpoint says which step it holds
+        return {"c": self.scale, "critic_step": self.alpha if self.critic_step is None else self.critic_step}
 
 
 FAMILY = registry.register(registry.Family(
@@ -289,7 +300,8 @@ FAMILY = registry.register(registry.Family(
     reference=reference_from_prompt,
     theta_star=_layer_theta,
     gauge=("c",),
-    constants={"c": 1.0, "beta": None},
+    constants={"c": 1.0, "critic_step": None},
+    renamed=RENAMED,
     read_constants=read_constants,
     needs_m=True,
     hints=registry.Hints(

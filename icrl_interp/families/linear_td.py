@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from jaxtyping import Float, Int
 
-from ..tasks import layouts, reference
-from . import registry
-from ..tasks import sampling
 from ..core import validate as V
 from ..core.errors import UserError
+from ..tasks import layouts, reference
+from ..tasks import sampling
+from . import registry
 
 Array = np.ndarray
 NAME = "linear-td"
@@ -106,10 +106,10 @@ class Construct:
     """theta* of linear-attention TD: L layers of batch TD(0) on randomized Boyan chains."""
 
     d: int = 4
-    """Feature dimension (random features U(-1, 1)); with --features onehot it must equal --states."""
+    """Feature dimension (random features U(-1, 1)); with --features onehot it must equal --n-states."""
     n: int = 30
     """Context length of the recorded task."""
-    layers: int = 3
+    n_layers: int = 3
     """Number of layers L (= TD steps)."""
     gamma: float = 0.9
     """Discount factor."""
@@ -117,22 +117,22 @@ class Construct:
     """Step size of theta*."""
     scale: float = 1.0
     """Gauge constant c: the layer holds (c P*, Q*/c), which computes the same map."""
-    states: int = 10
+    n_states: int = 10
     """States of the Boyan chains recorded on."""
     features: str = field(default="random", metadata={"choices": ("random", "onehot")})
     """Boyan features: 'random' (U(-1, 1)) or 'onehot' (times --beta)."""
     beta: float = 1.0
     """Scale of one-hot features."""
-    untied: bool = False
-    """Store one copy of the weights per layer."""
+    tied: bool = True
+    """One copy of the weights shared by all layers (--no-tied: one per layer)."""
     dtype: str = field(default="float64", metadata={"choices": ("float64", "float32")})
     """Parameter dtype: float64 or float32."""
 
     def plan(self) -> registry.ConstructPlan:
-        task = boyan_task(NAME, self.n, self.states, self.features, self.beta, self.d)
+        task = boyan_task(NAME, self.n, self.n_states, self.features, self.beta, self.d)
         return registry.ConstructPlan(
-            model={"d": self.d, "n_layers": self.layers, "gamma": self.gamma, "alpha": self.alpha,
-                   "tied": not self.untied, "dtype": self.dtype},
+            model={"d": self.d, "n_layers": self.n_layers, "gamma": self.gamma, "alpha": self.alpha,
+                   "tied": self.tied, "dtype": self.dtype},
             constants={"c": self.scale}, task=task)
 
 

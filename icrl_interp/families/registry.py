@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import UserError
+from ..core.plugins import load_registry
 
 BUILTIN = ("icrl_interp.families.linear_td", "icrl_interp.families.softmax_td", "icrl_interp.families.sarsa",
            "icrl_interp.families.actor_critic")
@@ -214,6 +215,9 @@ class Family:
     """Dotted path of the torch half (a module with a `TRAINING` object), imported by the trainer only."""
     init_gain_per_layer: bool = False
     """Untied layers start with gain / n_layers (Wang et al.'s init)."""
+    renamed: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Keys of a checkpoint's config this family renamed: {section ('origin', 'training'): {old key: new key}}.
+    Older checkpoints and run configs are read with the new keys (`current_config`); new ones are written so."""
 
     def training_half(self):
         """The family's torch half (`TRAINING` of the module named by `training`)."""
@@ -221,12 +225,35 @@ class Family:
             raise UserError(f"family {self.name!r} has no training recipe")
         return importlib.import_module(self.training).TRAINING
 
+    def current_config(self, data: dict) -> dict:
+        """A checkpoint's config.json object with the keys of `renamed` under their new names (a copy; a key
+        written under both names keeps the new one's value)."""
+        data = dict(data)
+        for section, names in self.renamed.items():
+            part = data.get(section)
+            if isinstance(part, dict) and any(old in part for old in names):
+                data[section] = current_keys(part, names)
+        return data
+
     def constants_of(self, config) -> dict:
         """The family's constants for a checkpoint config (origin values over defaults)."""
         if self.read_constants is not None:
             return self.read_constants(config)
         origin = getattr(config, "origin", None) or {}
         return {k: origin.get(k, default) for k, default in self.constants.items()}
+
+
+def current_keys(values: dict, names: dict[str, str]) -> dict:
+    """`values` with its keys renamed by `names` ({old: new}), in place of the old ones; a key given under
+    both names keeps the new one's value."""
+    out = {}
+    for key, value in values.items():
+        new = names.get(key)
+        if new is None:
+            out[key] = value
+        elif new not in values:
+            out[new] = value
+    return out
 
 
 FAMILIES: dict[str, Family] = {}
@@ -300,23 +327,9 @@ def _load_builtins() -> None:
     if _loaded:
         return
     _loaded = True
-    for module in BUILTIN:
-        importlib.import_module(module)
-    # built-in families first, in BUILTIN order, whatever imported a home before the first lookup
-    rank = {m: i for i, m in enumerate(BUILTIN)}
-    ordered = sorted(FAMILIES.values(), key=lambda f: rank.get(f.sample.__module__, len(rank)))
-    FAMILIES.clear()
-    FAMILIES.update((f.name, f) for f in ordered)
-    from importlib.metadata import entry_points
-
-    plugins = [ep.value.split(":")[0] for ep in entry_points(group=ENTRY_POINTS)]
-    plugins += [m.strip() for m in os.environ.get(ENV_VAR, "").split(",") if m.strip()]
-    for module in plugins:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise UserError(f"cannot import family module {module!r} (from {ENV_VAR} or the "
-                            f"{ENTRY_POINTS!r} entry points): {e}") from None
+    rank = {m: i for i, m in enumerate(BUILTIN)}  # built-in families first, in BUILTIN order
+    load_registry(FAMILIES, BUILTIN, lambda f: rank.get(f.sample.__module__, len(rank)), ENTRY_POINTS, ENV_VAR,
+                  "family")
 
 
 def get(name) -> Family:

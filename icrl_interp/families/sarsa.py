@@ -13,11 +13,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from jaxtyping import Float, Int
 
-from ..tasks import envs, layouts, reference
-from . import registry
-from ..tasks import sampling
 from ..core import validate as V
 from ..core.errors import UserError
+from ..tasks import envs, layouts, reference
+from ..tasks import sampling
+from . import registry
 
 Array = np.ndarray
 NAME = "sarsa"
@@ -236,9 +236,9 @@ class Construct:
     """theta* of SARSA: one LSA layer on random tabular MDPs (one-hot features, d = states * actions, or a
     random feature map of dimension d)."""
 
-    states: int = 9
+    n_states: int = 9
     """States of the MDPs."""
-    actions: int = 4
+    n_actions: int = 4
     """Actions of the MDPs."""
     d: int | None = None
     """Feature dimension: states * actions for one-hot features (the default); any d for a random map
@@ -263,12 +263,12 @@ class Construct:
 
     def one_hot_d(self) -> int:
         """The feature dimension (kept name: one-hot was the only map)."""
-        d = V.count("states", self.states) * V.count("actions", self.actions)
+        d = V.count("n_states", self.n_states) * V.count("n_actions", self.n_actions)
         if self.sa_features == "onehot" and self.d is not None and self.d != d:
             raise UserError(f"{self.family} features are state-action one-hot: d must be states*actions = {d}, "
                             f"got --d {self.d}")
         d = d if self.d is None else self.d
-        sampling.check_sa_features(self.sa_features, self.sa_randomness, self.states, self.actions, d)
+        sampling.check_sa_features(self.sa_features, self.sa_randomness, self.n_states, self.n_actions, d)
         return d
 
     def plan(self) -> registry.ConstructPlan:
@@ -277,7 +277,7 @@ class Construct:
             model={"d": d, "n_layers": 1, "gamma": self.gamma, "alpha": self.alpha, "dtype": self.dtype,
                    **self.extra_model(d)},
             constants=self.constants(),
-            task={"family": self.family, "kind": "mdp", "n": self.n, "n_states": self.states, "n_actions": self.actions,
+            task={"family": self.family, "kind": "mdp", "n": self.n, "n_states": self.n_states, "n_actions": self.n_actions,
                   **feature_task(self.sa_features, self.sa_randomness)})
 
     def extra_model(self, d: int) -> dict:
@@ -314,4 +314,5 @@ FAMILY = registry.register(registry.Family(
     construct=Construct,
     control=control,
     training="icrl_interp.train.recipes.sarsa",
+    renamed={"training": {"batch": "tasks_per_step"}},  # after 0.1: one name for tasks per step
 ))

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from jaxtyping import Float, Int
 
-from ..tasks import layouts, reference
-from . import registry
-from ..tasks import sampling
 from ..core import validate as V
+from ..tasks import layouts, reference
+from ..tasks import sampling
+from . import registry
 from .linear_td import boyan_task
 
 Array = np.ndarray
@@ -104,10 +104,10 @@ class Construct:
     """theta* of softmax TD: L layers of weighted softmax TD on Boyan chains with one-hot features."""
 
     d: int | None = None
-    """Feature dimension (default: --states, as one-hot features need)."""
+    """Feature dimension (default: --n-states, as one-hot features need)."""
     n: int = 40
     """Context length of the recorded task."""
-    layers: int = 6
+    n_layers: int = 6
     """Number of layers L (= TD iterations)."""
     gamma: float = 0.9
     """Discount factor."""
@@ -117,23 +117,23 @@ class Construct:
     """Multiplies A* (beta^2 for one-hot x beta features): larger is a sharper, more diagonal kernel."""
     form: str = field(default="tsm", metadata={"choices": ("tsm", "dual")})
     """'tsm' (one head + temporal shift module) or 'dual' (two heads)."""
-    states: int = 5
+    n_states: int = 5
     """States of the Boyan chains recorded on."""
     features: str = field(default="onehot", metadata={"choices": ("onehot", "random")})
     """Boyan features: 'onehot' (times --beta) or 'random'."""
     beta: float = 1.0
     """Scale of one-hot features."""
-    untied: bool = False
-    """Store one copy of the weights per layer."""
+    tied: bool = True
+    """One copy of the weights shared by all layers (--no-tied: one per layer)."""
     dtype: str = field(default="float64", metadata={"choices": ("float64", "float32")})
     """Parameter dtype: float64 or float32."""
 
     def plan(self) -> registry.ConstructPlan:
-        d = self.d if self.d is not None else self.states
-        task = boyan_task(NAME, self.n, self.states, self.features, self.beta, d)
+        d = self.d if self.d is not None else self.n_states
+        task = boyan_task(NAME, self.n, self.n_states, self.features, self.beta, d)
         return registry.ConstructPlan(
-            model={"d": d, "n_layers": self.layers, "gamma": self.gamma, "alpha": self.alpha, "form": self.form,
-                   "tied": not self.untied, "dtype": self.dtype},
+            model={"d": d, "n_layers": self.n_layers, "gamma": self.gamma, "alpha": self.alpha, "form": self.form,
+                   "tied": self.tied, "dtype": self.dtype},
             constants={"score_scale": self.score_scale}, task=task)
 
 
@@ -159,7 +159,8 @@ FAMILY = registry.register(registry.Family(
     probe_spec="softmax_td.toml",
     # a sharper score (beta^2 = 8 on one-hot features of 5-state chains) so Assumption 5.1 holds:
     # min_s M_pi(s, s) is about 0.99 > (1 + gamma) / 2 = 0.95
-    demo={"layers": 20, "score_scale": 8.0},
+    demo={"n_layers": 20, "score_scale": 8.0},
     construct=Construct,
     training="icrl_interp.train.recipes.softmax_td",
+    renamed={"training": {"batch": "tasks_per_step"}},  # after 0.1: one name for tasks per step
 ))

@@ -6,8 +6,8 @@ import torch
 from ..families import registry
 from .base import ICRLModel
 from .config import ModelConfig
-from .masked_linear_attention import MaskedLinearAttentionModel
 from .lsa import LSAModel
+from .masked_linear_attention import MaskedLinearAttentionModel
 from .softmax_ictd import SoftmaxICTDModel
 
 MODEL_CLASSES: dict[str, type[ICRLModel]] = {

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from .._version import __version__
-from ..families import registry
 from ..core.errors import UserError, one_line
 from ..core.files import atomic_dir
-from .config import FORMAT_VERSION, CheckpointConfig, ModelConfig, check_meta
+from ..families import registry
 from ..tasks.sampling import TaskSpec
+from .config import FORMAT_VERSION, CheckpointConfig, ModelConfig, check_meta
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"

@@ -9,10 +9,10 @@ import math
 import numbers
 from dataclasses import asdict, dataclass, field, fields
 
-from ..tasks import layouts
-from ..families import registry
-from ..tasks.sampling import PromptBatch, TaskSpec
 from ..core.errors import UserError
+from ..families import registry
+from ..tasks import layouts
+from ..tasks.sampling import PromptBatch, TaskSpec
 
 DTYPES = ("float32", "float64")
 
@@ -43,8 +43,9 @@ class ModelConfig:
     """'float32' or 'float64' (parameters and computation)."""
 
     def __post_init__(self):
-        family = registry.get(self.family)
-        arch = registry.architecture(family.architecture)
+        # resolved once: everything below reads these entries, not the registry (`family_entry`)
+        self._family = family = registry.get(self.family)
+        self._arch = arch = registry.architecture(family.architecture)
         self.d = _positive_int("d", self.d)
         self.n_layers = _positive_int("n_layers", self.n_layers)
         self.gamma = float(self.gamma)
@@ -75,14 +76,28 @@ class ModelConfig:
             raise UserError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
 
     @property
+    def family_entry(self) -> registry.Family:
+        """The registered family (looked up once, when the config is made; again only if `family` changed)."""
+        if self._family.name != self.family:
+            self._family = registry.get(self.family)
+        return self._family
+
+    @property
+    def architecture_entry(self) -> registry.Architecture:
+        """The registered architecture of the family (looked up once, as `family_entry`)."""
+        if self._arch.name != self.family_entry.architecture:
+            self._arch = registry.architecture(self.family_entry.architecture)
+        return self._arch
+
+    @property
     def architecture(self) -> str:
         """The model architecture (registry.ARCHITECTURES key) of the family."""
-        return registry.get(self.family).architecture
+        return self.family_entry.architecture
 
     @property
     def layout(self) -> layouts.PromptLayout:
         """The family's prompt layout (row blocks of d_model)."""
-        return registry.get(self.family).layout(self.d, self.m)
+        return self.family_entry.layout(self.d, self.m)
 
     @property
     def D(self) -> int:
@@ -91,7 +106,7 @@ class ModelConfig:
 
     def parameter_names(self) -> tuple[str, ...]:
         """Per-layer parameter names (without the blocks.{l}.attn. prefix)."""
-        return registry.architecture(self.architecture).parameter_names(self.form)
+        return self.architecture_entry.parameter_names(self.form)
 
     def stored_layers(self) -> range:
         """Layers that own parameters: only layer 0 when tied."""
@@ -196,7 +211,16 @@ class CheckpointConfig:
             raise UserError(f"config.json training must be an object or null, got {self.training!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
             raise UserError(f"config.json seed must be an integer or null, got {self.seed!r}")
-        registry.get(self.task.family)  # the task's family must be known too
+        # the task's family must be known too (the model's entry when it is the model's family)
+        self._task_family = self.model.family_entry if self.task.family == self.model.family else \
+            registry.get(self.task.family)
+
+    @property
+    def task_family_entry(self) -> registry.Family:
+        """The registered family of the task (looked up once, as `ModelConfig.family_entry`)."""
+        if self._task_family.name != self.task.family:
+            self._task_family = registry.get(self.task.family)
+        return self._task_family
 
     @property
     def family(self) -> str:
@@ -206,7 +230,7 @@ class CheckpointConfig:
     @property
     def constants(self) -> dict:
         """The family's theta* / reference constants (e.g. score_scale, the critic step beta)."""
-        return registry.get(self.model.family).constants_of(self)
+        return self.model.family_entry.constants_of(self)
 
     @property
     def n(self) -> int:
@@ -219,17 +243,17 @@ class CheckpointConfig:
         import numpy as np
 
         rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        return registry.get(self.task.family).sample(self, self.task, int(batch), rng)
+        return self.task_family_entry.sample(self, self.task, int(batch), rng)
 
     def reference(self, z) -> dict:
         """The task family's reference algorithm on prompts `z` (e.g. a user's prompt file)."""
-        return registry.get(self.task.family).reference(z, self.model, self.constants)
+        return self.task_family_entry.reference(z, self.model, self.constants)
 
     def theta_star(self, names=None) -> dict:
         """theta* of the model's family for every stored layer, at the checkpoint's constants and steps
         (per-layer steps from origin.alphas) with gauge constants at their defaults; restricted to
         `names` when given. Empty when the family has no construction."""
-        family = registry.get(self.model.family)
+        family = self.model.family_entry
         if family.theta_star is None:
             return {}
         k = {**self.constants, **{g: family.constants[g] for g in family.gauge}}
@@ -275,7 +299,8 @@ class CheckpointConfig:
         if model_missing:
             raise UserError(f"config.json model is missing {', '.join(model_missing)}")
         model = ModelConfig.from_dict(data["model"])
-        family = registry.get(model.family)
+        family = model.family_entry
+        data = family.current_config(data)  # keys the family renamed since the file was written
         if version == 2:
             _check_full_task(data["task"])
         task = TaskSpec.from_dict(data["task"], model.family, family.task_kind)

@@ -1,4 +1,5 @@
-"""Write theta* checkpoints from a family's construct options (what `icrl-interp construct` and the demo run)."""
+"""Write theta* checkpoints from a family's construct options (what `icrl-interp construct` and the demo run), and
+the task configs a model of any kind is recorded or tested on (`task_config`, `task_of`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint
-from ..families import registry
 from ..core.cli_fields import build
 from ..core.errors import UserError
 from ..core.outputs import check_finite, check_fits
+from ..families import registry
+from . import checkpoint
 
 LAYER_OVERHEAD = 32 * 2**10
 """Bytes a layer costs besides its parameters (its torch module objects; measured ~22 KiB)."""
@@ -41,7 +42,8 @@ def check_size(family: str, values: dict | None) -> None:
     values = dict(values or {})
     opts = options(family, values)
     _model_config(family, opts.plan().model)  # its own errors first
-    names = {"d": "--d", "layers": "--layers", "states": "--states", "actions": "--actions", "features": "--features"}
+    names = {"d": "--d", "n_layers": "--n-layers", "n_states": "--n-states", "n_actions": "--n-actions",
+             "features": "--features"}
     sizes = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts) if f.name in names}
     sizes = {k: v for k, v in sizes.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 1}
 
@@ -73,15 +75,34 @@ def task_config(family: str, values: dict | None = None, *, seed: int | None = 0
 
     This is how a model that is not one of the package's (a TransformerLens model, a plain PyTorch
     module) is recorded on a family's prompts: the options are those of `icrl-interp construct FAMILY`
-    (dimensions, context length n, states, features, gamma, ...); `layers` is the number of steps of the
-    reference algorithm that are recorded beside the activations. The config's `sample`, `reference` and
+    (dimensions, context length n, n_states, features, gamma, ...); `n_layers` is the number of steps of
+    the reference algorithm that are recorded beside the activations. The config's `sample`, `reference` and
     `model.layout` give the prompts, their task data and the reference run (docs/byom.md).
     """
-    from .config import CheckpointConfig, ModelConfig
     from ..tasks.sampling import TaskSpec
+    from .config import CheckpointConfig, ModelConfig
 
     plan = options(family, values).plan()
     fam = registry.get(family)
     model = ModelConfig(family=fam.name, **{k: v for k, v in plan.model.items() if k in ModelConfig.field_names()})
     task = TaskSpec.from_dict(plan.task, fam.name, fam.task_kind)
     return CheckpointConfig(model=model, task=task, origin={"kind": "task", **plan.constants}, seed=seed)
+
+
+def task_of(task, options: dict | None = None):
+    """The checkpoint config of a task given as a family name (+ its construct options: `task_config`), a
+    checkpoint directory (its config) or a CheckpointConfig (itself)."""
+    from .config import CheckpointConfig
+
+    if isinstance(task, CheckpointConfig):
+        if options:
+            raise UserError("task options go with a family name, not with a checkpoint config")
+        return task
+    if isinstance(task, str) and registry.find(task) is not None:
+        return task_config(task, options)
+    if isinstance(task, (str, Path)) and Path(task).is_dir():
+        if options:
+            raise UserError("task options go with a family name, not with a checkpoint directory")
+        return checkpoint.read(task)[0]
+    raise UserError(f"task {task!r} is neither a registered family ({', '.join(registry.names())}) nor a checkpoint "
+                    f"directory")

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..families import registry
 from ..core.errors import UserError
+from ..families import registry
 from .base import ICRLModel
 from .build import empty_model
 from .config import ModelConfig
@@ -48,11 +48,12 @@ def theta_star_model(
 
     alpha: one step, or one per layer (untied). `constants`: the family's theta* constants
     (`registry.get(family).constants`, e.g. c, C for linear-td, score_scale for softmax-td,
-    c and the critic step beta for actor-critic); any other keyword is an error.
+    c and the critic step `critic_step` for actor-critic); any other keyword is an error.
     """
     fam = registry.get(family)
     if fam.theta_star is None:
         raise UserError(f"family {family!r} has no theta* construction")
+    constants = registry.current_keys(constants, fam.renamed.get("origin", {}))  # a constant named as by 0.1
     unknown = sorted(set(constants) - set(fam.constants))
     if unknown:
         raise UserError(f"{', '.join(unknown)} does not apply to the {family} theta* "

@@ -7,7 +7,8 @@ a one-line error, never a half-loaded model. Nothing is unpickled (docs/byom.md)
 
 Wherever the user's code runs (importing the file, calling FUNC, its forward pass through `forward`),
 an exception or a `sys.exit` becomes one `UserError` line naming what happened; so do parameters
-holding NaN or Inf (`load`) and a non-finite output (`check_output`, per batch).
+holding NaN or Inf (`load`) and a non-finite output (`check_output`, per batch). What the model returns
+is read as one prediction per prompt by `per_prompt_output` (a shape it cannot be read as is refused).
 """
 from __future__ import annotations
 
@@ -174,3 +175,23 @@ def check_output(y, what: str, where: str) -> None:
     y = np.asarray(y)
     if y.dtype.kind in "fc" and not np.isfinite(y).all():
         raise ModelFault(f"non-finite output: {what} holds {'NaN' if np.isnan(y).any() else 'Inf'} in {where}")
+
+
+def per_prompt_output(y, batch: int, width: int | None, what: str = "the model's output"):
+    """A model's prediction as a tensor [batch, k]: [B] -> [B, 1]; [B, k]; [B, pos, k] -> the last position.
+    `width` (the task's reference output width) must equal k when given. A tuple (or list, dict) is
+    refused, not guessed at: which element is the prediction is the model's to say (docs/byom.md)."""
+    import torch
+
+    if not isinstance(y, torch.Tensor):
+        k = f" of {len(y)}" if isinstance(y, (tuple, list, dict)) else ""
+        raise UserError(f"{what} is a {type(y).__name__}{k}, not a tensor: return the prediction as one tensor "
+                        "[batch, k] or [batch, pos, k]")
+    shape = tuple(y.shape)
+    if y.ndim == 0 or y.shape[0] != batch or y.ndim > 3:
+        raise UserError(f"{what} has shape {shape}; expected [batch, k] or [batch, pos, k] with batch = {batch}")
+    y = y.reshape(batch, 1) if y.ndim == 1 else (y[:, -1] if y.ndim == 3 else y)
+    if width is not None and y.shape[1] != width:
+        raise UserError(f"{what} has shape {shape}: {y.shape[1]} value(s) per prompt, the task's output has {width} "
+                        f"(return [batch, {width}] or [batch, pos, {width}])")
+    return y.detach()

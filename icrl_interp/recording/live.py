@@ -2,9 +2,11 @@
 
 A recording run (`recorder.prepare`) produces a stream of batches: prompts, task data, the reference
 algorithm's run and the hooked activations. `record` hands each batch to the HDF5 writer; this
-module hands them to the analyzers instead. `LiveRecording` answers the reader's questions (root
-attributes, groups, dataset shapes, rows of prompts) exactly as `recording.Recording` does for the
-file that `record` would have written, computing rows on demand:
+module hands them to the analyzers instead: every registered analyzer (`icrl_interp.analyzers.registry`,
+one of your own too) is fed by the same driver as for a file. `LiveRecording` answers the reader's
+questions (root attributes, groups, dataset shapes, rows of prompts; the checkpoint config as the run's
+own object, its families resolved once) exactly as `recording.Recording` does for the file that
+`record` would have written, computing rows on demand:
 
 * prompts, task data and the reference (`prompts/`, `tasks/`, `reference/`) come from the prompt
   source, which redraws batch i from Generator([seed, i]) and runs no model;
@@ -279,6 +281,12 @@ class LiveRecording(Recording):
     @property
     def forward_batches(self) -> int:
         return self.f.forward_batches
+
+    @property
+    def checkpoint_config(self):
+        """The run's own checkpoint config (None: none), the object the file's `checkpoint_config` would be
+        parsed back into: the analysis reads its families as resolved already, not looked up again."""
+        return self.f.run.source.config
 
     def close(self) -> None:
         self.f.close()

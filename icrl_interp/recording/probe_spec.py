@@ -26,6 +26,9 @@ Roles are recorded under the canonical TransformerLens names (`capture.ROLES`); 
 Validation happens in two steps: `load_spec` checks the file itself (unknown keys,
 bad values), `ProbeSpec.resolve` checks it against a model's hook and parameter
 names (unknown names, patterns that match nothing). Errors name the spec line.
+
+From Python a spec may also be a {role: module path} dict (`roles_spec`: the same checks, no TOML text in
+between); `spec_for` picks the spec a model is recorded with when none is given.
 """
 from __future__ import annotations
 
@@ -176,12 +179,7 @@ def parse_spec(text: str, source: str = "<string>") -> ProbeSpec:
     roles = data.get("roles", {})
     if not isinstance(roles, dict):
         raise UserError(f"{source}:{_line_of(text, 'roles')}: roles must be a table [roles]")
-    for key, value in roles.items():
-        if key not in ROLE_KEYS:
-            raise UserError(f"{source}:{_line_of(text, key)}: unknown role {key!r} (roles: {', '.join(ROLE_KEYS)})")
-        ok = isinstance(value, str) and value or (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value))
-        if not ok:
-            raise UserError(f"{source}:{_line_of(text, key)}: role {key} must be a module path or a list of paths")
+    roles = _checked_roles(roles, lambda key: f"{source}:{_line_of(text, key)}")
     raw_hooks = data.get("hooks", [])
     if not isinstance(raw_hooks, list) or not (raw_hooks or roles):
         raise UserError(f"{source}: a spec needs at least one [[hooks]] entry or a [roles] table")
@@ -221,8 +219,29 @@ def parse_spec(text: str, source: str = "<string>") -> ProbeSpec:
         description=str(probe.get("description", "")),
         source=source,
         param_lines=lines,
-        roles={k: (tuple(v) if isinstance(v, list) else v) for k, v in roles.items()},
+        roles=roles,
     )
+
+
+def _checked_roles(roles: dict, where) -> dict:
+    """A [roles] table checked (role names, module paths), its lists as tuples; `where(key)` begins the
+    message that names a bad entry (the spec file and line)."""
+    for key, value in roles.items():
+        if key not in ROLE_KEYS:
+            raise UserError(f"{where(key)}: unknown role {key!r} (roles: {', '.join(ROLE_KEYS)})")
+        ok = isinstance(value, str) and value or (isinstance(value, (list, tuple)) and value
+                                                   and all(isinstance(v, str) and v for v in value))
+        if not ok:
+            raise UserError(f"{where(key)}: role {key} must be a module path or a list of paths")
+    return {k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in roles.items()}
+
+
+def roles_spec(roles: dict, source: str = "<roles>") -> ProbeSpec:
+    """The spec of a {role: module path or list of paths} dict: what a spec file holding only that [roles]
+    table parses to (`parse_spec`), built directly."""
+    if not roles:
+        raise UserError(f"{source}: a spec needs at least one [[hooks]] entry or a [roles] table")
+    return ProbeSpec(name=Path(source).stem, hooks=(), source=source, roles=_checked_roles(dict(roles), lambda _: source))
 
 
 def load_spec(path) -> ProbeSpec:
@@ -244,14 +263,16 @@ def shipped_names() -> list[str]:
     return registry.where(lambda f: f.probe_spec is not None) + [GENERIC]
 
 
-def spec_path(name: str) -> Path:
+def spec_path(name) -> Path:
     """Where the spec of a registered family is (`registry.Family.probe_spec`: a file name in SPEC_DIR,
-    or a path), or the generic spec for GENERIC."""
+    or a path), or the generic spec for GENERIC; `name` may be the family's registry entry itself."""
     from ..families import registry
 
+    entry = name if isinstance(name, registry.Family) else None
+    name = name.name if entry is not None else name
     if name == GENERIC:
         return SPEC_DIR / GENERIC_SPEC
-    spec = registry.get(name).probe_spec
+    spec = (entry or registry.get(name)).probe_spec
     if spec is None:
         raise UserError(f"family {name!r} names no probe spec; pass one with --probe (have: {', '.join(shipped_names())})")
     path = Path(spec)
@@ -260,10 +281,31 @@ def spec_path(name: str) -> Path:
     return path
 
 
-def shipped_spec(name: str) -> ProbeSpec:
+def shipped_spec(name) -> ProbeSpec:
     """The spec a registered model family names (`registry.Family.probe_spec`), or the generic
     TransformerLens spec for GENERIC."""
     return load_spec(spec_path(name))
+
+
+def spec_for(model, probe=None) -> ProbeSpec:
+    """The probe spec to record `model` (a torch module) with: the one given (a path, a ProbeSpec, or a
+    {role: path} dict: `roles_spec`), else the model family's shipped spec, else the TransformerLens spec
+    for a TransformerLens model."""
+    from ..models.config import ModelConfig
+
+    if isinstance(probe, ProbeSpec):
+        return probe
+    if isinstance(probe, dict):
+        return roles_spec(probe)
+    if probe is not None:
+        return load_spec(probe)
+    own = getattr(model, "config", None)
+    if isinstance(own, ModelConfig):
+        return shipped_spec(own.family_entry)
+    if any(getattr(m, "hook_dict", None) for m in model.modules()):
+        return shipped_spec(GENERIC)
+    raise UserError(f"{type(model).__name__} is not a TransformerLens model: pass a probe spec whose [roles] map the "
+                    f"residual stream, attention pattern and readout to its modules (docs/byom.md)")
 
 
 def __getattr__(name: str):

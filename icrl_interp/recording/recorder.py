@@ -9,10 +9,14 @@ prompts. Memory does not grow with the number of prompts.
 What the prompts are (the checkpoint's task family: layout, sampler, reference algorithm) and what
 model produced the activations (its family, architecture and class) are recorded separately
 (`icrl_interp.recording.format`, schema 2); sampling and the reference go through the family registry.
+
+The recorder drives; what it uses lives in its own modules: the prompts (`prompts`), the probe spec
+(`probe_spec.spec_for`), the task (`models.construct.task_of`), the random-init copy
+(`models.random_init`), the file writer (`format`) and, for `shards > 1`, the shard files
+(`shards.plan`, `run`, `write_master`). The calls go one way, from here down.
 """
 from __future__ import annotations
 
-import copy
 import datetime as _dt
 import json
 import math
@@ -29,16 +33,22 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import budget
-from ..core import devices
-from ..tasks import layouts
-from ..families import registry
 from .._version import __version__
-from .capture import capture, hook_names, parameters, readout_modules, role_points
+from ..core import devices
 from ..core.errors import ModelFault, UserError
+from ..families import registry
 from ..models.config import CheckpointConfig, ModelConfig
-from .probe_spec import HookRule, ProbeSpec
+from ..models.construct import task_of
+from ..models.modes import eval_mode, stochastic_modules
+from ..models.random_init import random_init_copy
+from ..models.user import per_prompt_output
+from ..tasks import layouts
+from . import budget
+from . import shards as sharding
+from .capture import capture, hook_names, parameters, readout_modules, role_points
 from .format import BF16, RecordingWriter
+from .probe_spec import HookRule, ProbeSpec, spec_for
+from .prompts import PromptSource, load_prompt_file
 
 _TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
@@ -130,54 +140,6 @@ def _versions() -> dict[str, str]:
     return v
 
 
-@dataclass
-class PromptSource:
-    """Where prompts come from: sampled per batch from a config, or slices of user arrays."""
-
-    config: CheckpointConfig | None = None
-    """Checkpoint config: its task (family, distribution) is sampled, its model and constants feed the reference."""
-    arrays: dict[str, np.ndarray] | None = None
-    """User prompts: 'z' (or 'input' for generic models) and optional labels / task data."""
-    n_total: int = 0
-    """Number of prompts to record."""
-    seed: int = 0
-    """Seed of the sampler; batch i uses Generator([seed, i]), so a resume redraws identical batches."""
-    task_note: str = "present"
-    sha256: str = field(default="")
-    """Hash of the user prompt file (identity for --resume)."""
-    gamma: float = math.nan
-    """Discount of the task (NaN: unknown); taken from the config when there is one."""
-
-    def __post_init__(self):
-        if self.arrays is None and self.config is None:
-            raise UserError("a prompt source needs a checkpoint config to sample from, or prompt arrays")
-        if self.config is not None and math.isnan(self.gamma):
-            self.gamma = float(self.config.model.gamma)
-
-    def task_ids(self, start: int, stop: int) -> np.ndarray:
-        """Task identity of prompts start..stop-1: sampled prompts are one task each; a prompt file may say
-        which prompts share a task (its `task_id` array)."""
-        if self.arrays is not None and "prompts/task_id" in self.arrays:
-            return np.asarray(self.arrays["prompts/task_id"][start:stop], dtype=np.int64)
-        return np.arange(start, stop, dtype=np.int64)
-
-    @property
-    def task_family(self) -> str | None:
-        """The registered family whose prompts these are (None: prompts of no known task)."""
-        return None if self.config is None else self.config.task.family
-
-    def batch(self, index: int, start: int, stop: int) -> dict[str, np.ndarray]:
-        if self.arrays is None:
-            family = registry.get(self.config.task.family)
-            pb = family.sample(self.config, self.config.task, stop - start, np.random.default_rng([self.seed, index]))
-            out = {"prompts/z": pb.prompt.z, "prompts/state": pb.prompt.states, "prompts/action": pb.prompt.actions,
-                   "prompts/reward": pb.prompt.rewards}
-            out.update({f"tasks/{k}": v for k, v in pb.tasks.items()})
-            out.update({f"reference/{k}": v for k, v in pb.reference.items()})
-            return out
-        return {k: v[start:stop] for k, v in self.arrays.items() if k != "prompts/task_id"}
-
-
 def model_info(model: nn.Module) -> dict:
     """The recording's `model` attribute: {"family", "architecture", "class"} of a model
     (family and architecture are None for a model that is not one of a registered family)."""
@@ -207,93 +169,13 @@ def _model_input(batch: dict[str, np.ndarray], dtype: torch.dtype, device: torch
     return x if device is None else x.to(device)
 
 
-# ------------------------------------------------------- a model's own output
-def per_prompt_output(y, batch: int, width: int | None, what: str = "the model's output") -> torch.Tensor:
-    """A model's prediction as [batch, k]: [B] -> [B, 1]; [B, k]; [B, pos, k] -> the last position.
-    `width` (the task's reference output width) must equal k when given. A tuple (or list, dict) is
-    refused, not guessed at: which element is the prediction is the model's to say (docs/byom.md)."""
-    if not isinstance(y, torch.Tensor):
-        k = f" of {len(y)}" if isinstance(y, (tuple, list, dict)) else ""
-        raise UserError(f"{what} is a {type(y).__name__}{k}, not a tensor: return the prediction as one tensor "
-                        "[batch, k] or [batch, pos, k]")
-    shape = tuple(y.shape)
-    if y.ndim == 0 or y.shape[0] != batch or y.ndim > 3:
-        raise UserError(f"{what} has shape {shape}; expected [batch, k] or [batch, pos, k] with batch = {batch}")
-    y = y.reshape(batch, 1) if y.ndim == 1 else (y[:, -1] if y.ndim == 3 else y)
-    if width is not None and y.shape[1] != width:
-        raise UserError(f"{what} has shape {shape}: {y.shape[1]} value(s) per prompt, the task's output has {width} "
-                        f"(return [batch, {width}] or [batch, pos, {width}])")
-    return y.detach()
-
-
-class _Stochastic:
-    """Eval mode for the run, each module's own train/eval flag restored after (dropout would otherwise
-    make two recordings of the same prompts differ)."""
-
-    KINDS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
-
-    def __init__(self, *models: nn.Module):
-        self.modes = [(m, m.training) for model in models for m in model.modules()]
-
-    @staticmethod
-    def note(model: nn.Module) -> str | None:
-        names = [n or type(m).__name__ for n, m in model.named_modules()
-                 if (isinstance(m, _Stochastic.KINDS) and m.p > 0)
-                 or (isinstance(getattr(m, "dropout", None), float) and m.dropout > 0)]  # e.g. nn.MultiheadAttention
-        if not names:
-            return None
-        return (f"the model holds stochastic modules ({', '.join(names[:3])}{' ...' if len(names) > 3 else ''}); "
-                f"recorded in eval mode, its mode restored afterwards")
-
-    def __enter__(self):
-        for m, _ in self.modes:
-            m.training = False
-        return self
-
-    def __exit__(self, *exc):
-        for m, mode in self.modes:
-            m.training = mode
-
-
-SCALE_NAMES = ("w", "weight", "scale", "gamma", "g")
-"""1-D parameters by these names (a LayerNorm's gain, e.g. TransformerLens' `ln1.w`) start at 1 when no
-module resets them; other 1-D parameters (biases) start at 0."""
-
-
-def random_init_copy(model: nn.Module, seed: int) -> tuple[nn.Module, dict]:
-    """The same architecture at random initialization: a deep copy re-initialized under `seed` by every
-    submodule's own `reset_parameters()` (nn.MultiheadAttention: `_reset_parameters()`) and a model-level
-    `init_weights()` where there is one (TransformerLens' HookedTransformer). Parameters none of these
-    owns are redrawn N(0, 1/fan_in) (matrices), or set to 1 (gains, `SCALE_NAMES`) or 0 (biases).
-    Returns (copy, what was done)."""
-    clone = copy.deepcopy(model)
-    home = devices.of(clone)
-    clone.to("cpu")  # drawn from the CPU generator: the same copy whatever device the model is on
-    covered: set[int] = set()
-    n_reset, redrawn = 0, []
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
-        for module in clone.modules():
-            reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
-            if callable(reset) and any(True for _ in module.parameters(recurse=False)):
-                reset()
-                n_reset += 1
-                covered.update(id(p) for p in module.parameters(recurse=False))
-        for name, p in clone.named_parameters():
-            if id(p) in covered:
-                continue
-            if p.ndim >= 2:
-                p.normal_(0.0, float(p.shape[-1]) ** -0.5)
-            else:
-                p.fill_(1.0 if name.rsplit(".", 1)[-1] in SCALE_NAMES else 0.0)
-            redrawn.append(name)
-        for module in clone.modules():  # a model's own initializer has the last word on what it owns
-            init = getattr(module, "init_weights", None)
-            if callable(init) and hasattr(module, "cfg"):
-                init()
-                n_reset += 1
-    clone.to(home)
-    return clone, {"kind": "random-init", "seed": int(seed), "reset_modules": n_reset, "redrawn": redrawn}
+def _stochastic_note(model: nn.Module) -> str | None:
+    """The note of a recording of a model with stochastic modules (it runs in `modes.eval_mode`)."""
+    names = stochastic_modules(model)
+    if not names:
+        return None
+    return (f"the model holds stochastic modules ({', '.join(names[:3])}{' ...' if len(names) > 3 else ''}); "
+            f"recorded in eval mode, its mode restored afterwards")
 
 
 class _Lens:
@@ -471,14 +353,19 @@ def _on_device(model: nn.Module, device: torch.device) -> Iterator[nn.Module]:
             model.to(home)
 
 
+def _check_positive(*named) -> None:
+    """Refuse the first (flag, value) whose value is not a positive integer."""
+    for name, value in named:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise UserError(f"{name} must be a positive integer, got {value!r}")
+
+
 @contextmanager
 def _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baseline, baseline_seed, outputs,
              device: torch.device) -> Iterator[RecordRun]:
-    for name, value in (("--tasks", source.n_total), ("--batch-size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise UserError(f"{name} must be a positive integer, got {value!r}")
+    _check_positive(("--tasks", source.n_total), ("--batch-size", batch_size))
     if isinstance(source.seed, bool) or not isinstance(source.seed, (int, np.integer)) or source.seed < 0:
-        raise UserError(f"--seed must be a non-negative integer, got {source.seed!r}")
+        raise UserError(f"--prompt-seed must be a non-negative integer, got {source.seed!r}")
     if baseline not in BASELINES:
         raise UserError(f"baseline must be one of {', '.join(BASELINES)}, got {baseline!r}")
     if outputs not in ("auto", "require", "none"):
@@ -498,7 +385,7 @@ def _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baselin
     width = _reference_width(source)
     resid_layers = {n: int(n.split(".")[1]) for n in rules if n.startswith("blocks.") and n.endswith(".hook_resid_post")}
     readout = readout_modules(model, spec.roles) if foreign else []
-    notes = [n for n in (_Stochastic.note(model),) if n]
+    notes = [n for n in (_stochastic_note(model),) if n]
     if foreign and resid_layers and not readout:
         notes.append("no readout: give the model's output modules as role 'readout' for the logit lens")
 
@@ -531,18 +418,13 @@ def _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baselin
             if base_model is not None:
                 result[f"baseline/acts/{n}"] = probes[1].buffers.arrays[n][: hi - lo]
         devices.synchronize(device)  # the non-blocking copies into the buffers have landed
-        # where in the whole run (a shard's batches are numbered from its first)
-        shard = isinstance(source, ShardSource)
-        first, total = (source.first_batch, source.whole.n_total) if shard else (0, source.n_total)
-        at = first * batch_size
-        _check_finite(result, f"batch {first + index + 1} of {-(-total // batch_size)} "
-                              f"(prompts {at + lo}..{at + hi - 1})")
+        _check_finite(result, source.where(index, lo, hi, batch_size))  # a shard's: its place in the whole run
         return {**result, **data, "prompts/task_id": source.task_ids(lo, hi)}
 
     probe_sets = [(_Probe(_Buffers(rules, batch_size, device), lens),
                    _Probe(_Buffers(rules, batch_size, device), base_lens) if base_model is not None else None)
                   for _ in range(2)]
-    with _Stochastic(*models):
+    with eval_mode(*models):
         first, readout_info = None, None
         if not resume:
             first = run_batch(0, probe_sets[0])  # every check runs before the file exists
@@ -608,14 +490,13 @@ def record(
     the same `out` while this one (or a shard writer of it) lives is a one-line UserError.
     """
     from ..core.files import locked
-    from .shards import leftovers, lock_path
 
     if not isinstance(shards, (int, np.integer)) or isinstance(shards, bool) or shards < 1:
         raise UserError(f"--shards must be a positive integer, got {shards!r}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with locked(lock_path(out), f"the recording {out}"):
-        for stale in leftovers(out):  # of killed runs; no other run of `out` is alive now
+    with locked(sharding.lock_path(out), f"the recording {out}"):
+        for stale in sharding.leftovers(out):  # of killed runs; no other run of `out` is alive now
             stale.unlink()
         if shards > 1:
             return _record_sharded(model, out, spec, source, batch_size, resume, checkpoint_sha256, progress,
@@ -651,76 +532,37 @@ def _record_file(model, out, spec, source, batch_size, resume, checkpoint_sha256
     return RecordSummary(path, source.n_total, shapes, bytes_written, seconds, start_at, run.notes)
 
 
-@dataclass
-class ShardSource(PromptSource):
-    """Batches [first_batch, first_batch + n_batches) of another source as a source of their own: batch i
-    of the shard is batch first_batch + i of the whole (same tasks, same task ids), so a shard holds
-    exactly the rows the single-file recording holds there."""
-
-    whole: PromptSource | None = None
-    """The source of the whole run."""
-    first_batch: int = 0
-    """The whole run's index of the shard's first batch."""
-    whole_batch_size: int = 1
-    """Prompts per batch of the whole run."""
-
-    @classmethod
-    def of(cls, whole: PromptSource, first_batch: int, stop_batch: int, batch_size: int) -> "ShardSource":
-        lo, hi = first_batch * batch_size, min(stop_batch * batch_size, whole.n_total)
-        return cls(config=whole.config, arrays=whole.arrays, n_total=hi - lo, seed=whole.seed,
-                   task_note=whole.task_note, sha256=whole.sha256, gamma=whole.gamma, whole=whole,
-                   first_batch=first_batch, whole_batch_size=batch_size)
-
-    @property
-    def first_prompt(self) -> int:
-        return self.first_batch * self.whole_batch_size
-
-    def task_ids(self, start: int, stop: int) -> np.ndarray:
-        return self.whole.task_ids(start + self.first_prompt, stop + self.first_prompt)
-
-    def batch(self, index: int, start: int, stop: int) -> dict[str, np.ndarray]:
-        return self.whole.batch(index + self.first_batch, start + self.first_prompt, stop + self.first_prompt)
-
-
 def _record_sharded(model, out, spec, source, batch_size, resume, checkpoint_sha256, progress, baseline, baseline_seed,
                     outputs, device, count: int, workers) -> RecordSummary:
-    """`record(shards=count)`: the shards in parallel, then the master (`icrl_interp.recording.shards`)."""
-    from . import shards
-
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise UserError(f"--batch-size must be a positive integer, got {batch_size!r}")
-    if isinstance(source.n_total, bool) or not isinstance(source.n_total, (int, np.integer)) or source.n_total < 1:
-        raise UserError(f"--tasks must be a positive integer, got {source.n_total!r}")
+    """`record(shards=count)`: the shards (`shards.plan`) recorded in parallel, each by `_record_file`, then
+    joined by the master file (`shards.write_master`)."""
+    _check_positive(("--batch-size", batch_size), ("--tasks", source.n_total))
     batch_size = int(min(batch_size, source.n_total))
-    ranges = shards.batch_ranges(-(-source.n_total // batch_size), count)
-    out = Path(out)
-    paths = shards.shard_paths(out, count)
-    states = shards.check_outputs(out, paths, resume)
+    parts = sharding.plan(out, source, batch_size, count, resume)
     target = devices.of(model) if device is None else devices.resolve(device)  # refused once, before any fork
-    metas = [shards.shard_meta(i, count, b0, b0 * batch_size, source.n_total, batch_size)
-             for i, (b0, _) in enumerate(ranges)]
 
     def one(i: int) -> dict:
-        if states[i] == "done":
-            return shards.check_done(paths[i], metas[i])
-        sub = ShardSource.of(source, *ranges[i], batch_size)
-        s = _record_file(model, paths[i], spec, sub, batch_size, states[i] == "resume", checkpoint_sha256, False,
-                         baseline, baseline_seed, outputs, target, shard=metas[i])
+        part = parts[i]
+        if part.state == "done":
+            return sharding.check_done(part.path, part.meta)
+        s = _record_file(model, part.path, spec, part.source, batch_size, part.state == "resume", checkpoint_sha256,
+                         False, baseline, baseline_seed, outputs, target, shard=part.meta)
         return {"n_prompts": s.n_prompts, "bytes": s.bytes_written, "resumed_from": s.resumed_from, "notes": s.notes,
                 "hooks": {k: list(v) for k, v in s.hooks.items()}}
 
     # forked workers share one CPU model; CUDA cannot be used in a forked child, so a GPU records the
     # shards one after another (it is the bottleneck either way)
     workers = workers if target.type == "cpu" else 0
+    paths = [part.path for part in parts]
     bar = tqdm(total=source.n_total, unit="prompt", desc=f"record {count} shards", disable=not progress)
     t0 = time.perf_counter()
     try:
-        results = shards.run(one, count, workers, [f"shard {i} ({p})" for i, p in enumerate(paths)],
-                             progress=lambda r: bar.update(r["n_prompts"]))
+        results = sharding.run(one, count, workers, [f"shard {i} ({p})" for i, p in enumerate(paths)],
+                               progress=lambda r: bar.update(r["n_prompts"]))
     finally:
         bar.close()
     seconds = time.perf_counter() - t0
-    shards.write_master(out, paths)
+    sharding.write_master(out, paths)
     notes = list(dict.fromkeys(n for r in results for n in r["notes"]))
     notes.append(f"{count} shards ({paths[0].name} ...), joined by virtual datasets in {out.name}")
     return RecordSummary(out, source.n_total, {k: tuple(v) for k, v in results[0]["hooks"].items()},
@@ -738,7 +580,7 @@ def _output_fits(model: nn.Module, source: "PromptSource", width: int | None, dt
     from ..models import user
 
     data = source.batch(0, 0, min(2, source.n_total))
-    with _Stochastic(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad():
         y = user.forward(model, _model_input(data, dtype, device))
     try:
         per_prompt_output(y, next(iter(data.values())).shape[0], width)
@@ -803,45 +645,6 @@ def _stream(writer, run: RecordRun, progress: bool):
 
 
 # ------------------------------------------------------------- one call
-def task_of(task, options: dict | None = None) -> CheckpointConfig:
-    """A task given as a family name (+ its construct options), a checkpoint directory or a config."""
-    from ..models import checkpoint, construct
-
-    if isinstance(task, CheckpointConfig):
-        if options:
-            raise UserError("task options go with a family name, not with a checkpoint config")
-        return task
-    if isinstance(task, str) and registry.find(task) is not None:
-        return construct.task_config(task, options)
-    if isinstance(task, (str, Path)) and Path(task).is_dir():
-        if options:
-            raise UserError("task options go with a family name, not with a checkpoint directory")
-        return checkpoint.read(task)[0]
-    raise UserError(f"task {task!r} is neither a registered family ({', '.join(registry.names())}) nor a checkpoint "
-                    f"directory")
-
-
-def spec_for(model: nn.Module, probe=None) -> ProbeSpec:
-    """The probe spec to record `model` with: the one given (a path, a ProbeSpec, or a {role: path} dict),
-    else the model family's shipped spec, else the TransformerLens spec for a TransformerLens model."""
-    from . import probe_spec
-
-    if isinstance(probe, ProbeSpec):
-        return probe
-    if isinstance(probe, dict):
-        return probe_spec.parse_spec("[roles]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in probe.items()),
-                                     "<roles>")
-    if probe is not None:
-        return probe_spec.load_spec(probe)
-    own = getattr(model, "config", None)
-    if isinstance(own, ModelConfig):
-        return probe_spec.shipped_spec(own.family)
-    if any(getattr(m, "hook_dict", None) for m in model.modules()):
-        return probe_spec.shipped_spec(probe_spec.GENERIC)
-    raise UserError(f"{type(model).__name__} is not a TransformerLens model: pass a probe spec whose [roles] map the "
-                    f"residual stream, attention pattern and readout to its modules (docs/byom.md)")
-
-
 def record_model(model: nn.Module, task, out, *, task_options: dict | None = None, probe=None, tasks: int = 512,
                  batch_size: int = 128, seed: int = 0, baseline: str = "random-init", prompts=None,
                  resume: bool = False, progress: bool = True, checkpoint_sha256: str = "", device=None,
@@ -872,139 +675,6 @@ def spec_and_source(model: nn.Module, task, *, task_options: dict | None = None,
     if prompts is not None:
         return spec, load_prompt_file(prompts, config, prompt_layout(model, config))
     return spec, PromptSource(config=config, n_total=tasks, seed=seed)
-
-
-# ------------------------------------------------------------- user prompts
-_PROMPT_KEYS = {"z", "input", "state", "action", "reward", "task_id", "gamma"}
-_TASK_KEYS = {"P", "r", "phi", "stationary", "values"}
-_REFERENCE_KEYS = {"td_errors", "values", "output", "w", "lam"}
-
-
-def _real(name: str, path: Path, v: np.ndarray, integer: bool = False) -> np.ndarray:
-    """A numeric array of a prompt file, refused when it is complex, non-numeric or (for floats) not finite."""
-    if v.dtype.kind == "c":
-        raise UserError(f"prompt file {path}: {name} is complex; prompts and labels must be real numbers")
-    if v.dtype.kind not in "biuf":
-        raise UserError(f"prompt file {path}: {name} has dtype {v.dtype}, not numbers")
-    if integer:
-        if v.dtype.kind not in "biu":
-            raise UserError(f"prompt file {path}: {name} must hold integers, it has dtype {v.dtype}")
-        return v.astype(np.int64)
-    if not np.all(np.isfinite(v)):
-        raise UserError(f"prompt file {path}: {name} contains NaN or Inf")
-    return v.astype(np.float64)
-
-
-_TASK_AXES = {"P": ("S", "S"), "r": ("S",), "phi": ("S", "d"), "stationary": ("S",), "values": ("S",)}
-"""Per-prompt axes of the task arrays of a prompt file (S: states, d: features)."""
-
-
-def _check_task_shapes(path: Path, tasks: dict[str, np.ndarray]) -> None:
-    """tasks_* arrays agree on the number of states S (and features d)."""
-    sizes: dict[str, tuple[int, str]] = {}
-    for k, v in tasks.items():
-        axes = _TASK_AXES[k]
-        if v.ndim != 1 + len(axes):
-            raise UserError(f"prompt file {path}: tasks_{k} has shape {v.shape}, expected [N, {', '.join(axes)}]")
-        for axis, size in zip(axes, v.shape[1:]):
-            seen = sizes.setdefault(axis, (size, k))
-            if seen[0] != size:
-                raise UserError(f"prompt file {path}: tasks_{k} has {axis} = {size} but tasks_{seen[1]} has {seen[0]}")
-
-
-def load_prompt_file(path, config: CheckpointConfig | None, layout: layouts.PromptLayout | None) -> PromptSource:
-    """Read user prompts from .npz or .h5 (docs/formats.md, "Prompt files").
-
-    Arrays: z [N, pos, d_model]; optional state / action / reward [N, pos]; task_id [N] (prompts with one
-    id share a task: splits and shuffled controls go by it); gamma (scalar); tasks_* (task data);
-    reference_* (the reference algorithm's run: td_errors [N, steps, n], output [N, k], ...). With a task
-    config the prompts are taken to be its task family's: reference arrays the file lacks are computed by
-    that family's reference algorithm, and a gamma in the file must agree with the task's."""
-    import hashlib
-
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"prompt file {path} does not exist")
-    arrays: dict[str, np.ndarray] = {}
-    try:
-        if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as f:
-                arrays = {k: f[k] for k in f.files}
-        elif path.suffix in (".h5", ".hdf5"):
-            with h5py.File(path, "r") as f:
-                f.visititems(lambda k, o: arrays.__setitem__(k.replace("/", "_"), o[()]) if isinstance(o, h5py.Dataset) else None)
-        else:
-            raise UserError(f"prompt file {path} must be .npz or .h5")
-    except (OSError, ValueError, EOFError) as e:
-        raise UserError(f"cannot read prompt file {path}: {e}") from None
-    unknown = set(arrays) - _PROMPT_KEYS - {f"tasks_{k}" for k in _TASK_KEYS} - {f"reference_{k}" for k in _REFERENCE_KEYS}
-    if unknown:
-        raise UserError(f"prompt file {path}: unknown arrays {', '.join(sorted(unknown))}")
-    key = "z" if "z" in arrays else "input" if "input" in arrays else None
-    if key is None:
-        raise UserError(f"prompt file {path} has no 'z' array (prompts [N, pos, d_model])")
-    gamma = math.nan
-    if "gamma" in arrays:
-        g = _real("gamma", path, np.asarray(arrays.pop("gamma")))
-        if g.size != 1 or not 0.0 <= float(g.reshape(-1)[0]) <= 1.0:
-            raise UserError(f"prompt file {path}: gamma must be one number in [0, 1], got {g.reshape(-1)[:3]}")
-        gamma = float(g.reshape(-1)[0])
-        if config is not None and not math.isclose(gamma, config.model.gamma, rel_tol=0, abs_tol=1e-12):
-            raise UserError(f"prompt file {path}: gamma {gamma} disagrees with the task's gamma {config.model.gamma} "
-                            f"(pass --gamma {gamma})")
-    main = arrays[key]
-    if main.ndim == 0 or main.shape[0] == 0:
-        raise UserError(f"prompt file {path}: {key} holds no prompts")
-    N = main.shape[0]
-    if key == "z":
-        main = _real("z", path, main)
-        if main.ndim != 3:
-            raise UserError(f"prompt file {path}: z has shape {main.shape}, expected [N, pos, d_model]")
-        if main.shape[1] < 2:
-            raise UserError(f"prompt file {path}: z has {main.shape[1]} position(s); a prompt needs context columns and a query")
-        if layout is not None and main.shape[2] != layout.d_model:
-            raise UserError(f"prompt file {path}: z has d_model {main.shape[2]}, the task's layout has {layout.d_model}")
-    for k, v in arrays.items():
-        if v.ndim == 0 or v.shape[:1] != (N,):
-            raise UserError(f"prompt file {path}: {k} has {v.shape[0] if v.ndim else 0} rows, {key} has {N}")
-        if k in ("state", "action", "reward") and key == "z" and v.shape != main.shape[:2]:
-            raise UserError(f"prompt file {path}: {k} has shape {v.shape}, expected {main.shape[:2]}")
-    out = {f"prompts/{key}": main}
-    pos = main.shape[1] if main.ndim > 1 else 0
-    for label, fill in (("state", -1), ("action", -1), ("reward", 0.0)):
-        if key == "z":
-            given = arrays.get(label)
-            out[f"prompts/{label}"] = (_real(label, path, given, integer=fill == -1) if given is not None else
-                                       np.full((N, pos), fill, dtype=np.int64 if fill == -1 else np.float64))
-    if "task_id" in arrays:
-        ids = _real("task_id", path, arrays["task_id"], integer=True)
-        if ids.shape != (N,) or ids.min() < 0:
-            raise UserError(f"prompt file {path}: task_id must be N non-negative integers, one per prompt")
-        out["prompts/task_id"] = ids
-    present = [k for k in sorted(_TASK_KEYS) if f"tasks_{k}" in arrays]
-    out.update({f"tasks/{k}": _real(f"tasks_{k}", path, arrays[f"tasks_{k}"]) for k in present})
-    _check_task_shapes(path, {k: out[f"tasks/{k}"] for k in present})
-    note = "present" if len(present) == len(_TASK_KEYS) else (
-        "absent: the prompt file has no task arrays" if not present else f"partial: only {', '.join(present)}")
-    given_ref = {k: _real(f"reference_{k}", path, arrays[f"reference_{k}"]) for k in sorted(_REFERENCE_KEYS)
-                 if f"reference_{k}" in arrays}
-    family = registry.get(config.task.family) if config is not None else None
-    if family is not None and family.reference is not None and key == "z":
-        # the prompts are the task family's: its reference algorithm reads everything it needs off them
-        task_layout = family.layout(config.model.d, config.model.m)
-        if main.shape[2] != task_layout.d_model:
-            raise UserError(f"prompt file {path}: z has d_model {main.shape[2]}, prompts of the {family.name} task "
-                            f"have {task_layout.d_model}")
-        ref = family.reference(out["prompts/z"], config.model, config.constants)
-        out.update({f"reference/{k}": np.asarray(v) for k, v in ref.items()})
-    for k, v in given_ref.items():
-        computed = out.get(f"reference/{k}")
-        if computed is not None and computed.shape != v.shape:
-            raise UserError(f"prompt file {path}: reference_{k} has shape {v.shape}, the task's reference gives "
-                            f"{computed.shape}")
-        out[f"reference/{k}"] = v  # the file's own reference run wins
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return PromptSource(config=config, arrays=out, n_total=N, seed=0, task_note=note, sha256=digest, gamma=gamma)
 
 
 def summary_json(summary: RecordSummary) -> str:

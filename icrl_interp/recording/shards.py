@@ -8,8 +8,13 @@ whichever file it lands in, so the shards hold exactly the rows of the single-fi
 Once every shard is complete, `write_master` writes `R.h5`: the same root attributes as a
 single file, an attribute `shards` listing each shard (file name, first prompt, prompts, size,
 digest of its `integrity` attribute), and one HDF5 virtual dataset per dataset that maps each
-shard's rows into place. `recording.Recording` reads the master like any recording, after
+shard's rows into place. `format.Recording` reads the master like any recording, after
 checking every shard it references (`Recording._check_shards`).
+
+The calls go one way: `recorder.record(shards=K)` asks `plan` for the shards (files, `shard` attributes,
+their prompts as a `ShardSource`, what earlier runs left), records each with its own single-file
+writer in `run`'s workers, and joins them with `write_master`. This module knows the files, not how
+a model is recorded: it never imports the recorder.
 
 Parallelism: shards run in forked worker processes (`run`), which inherit the model, so nothing
 is pickled; on a GPU, or where fork is unavailable, they run one after another in this process.
@@ -29,6 +34,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -37,7 +43,9 @@ import numpy as np
 from ..core.errors import UserError, one_line
 from ..core.faults import kill_point
 from ..core.files import atomic_path, json_clean, temporaries
-from .format import INTEGRITY, SCRATCH, SHARDS, Recording, integrity_digest, partial_path, seal
+from .format import SCRATCH, SHARDS, Recording, partial_path
+from .integrity import HDF5_SIGNATURE, INTEGRITY, integrity_digest, seal
+from .prompts import PromptSource
 
 SHARD_ATTR = "shard"
 """Root attribute of a shard: JSON {"index", "count", "first_batch", "first_prompt", "n_total", "batch_size"}."""
@@ -51,7 +59,6 @@ batch records that batch's size; the `shard` attribute carries the run's)."""
 
 PR_SET_PDEATHSIG = 1
 """prctl(2) option: the signal this process gets when the thread that forked it exits (Linux)."""
-HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
 def lock_path(out) -> Path:
@@ -68,17 +75,17 @@ def stale_masters(out) -> list[Path]:
     for p in temporaries(Path(out).parent, Path(out).name):
         try:
             with open(p, "rb") as f:
-                head = f.read(len(HDF5_MAGIC))
+                head = f.read(len(HDF5_SIGNATURE))
         except OSError:
             continue
-        if head in (b"", HDF5_MAGIC):
+        if head in (b"", HDF5_SIGNATURE):
             found.append(p)
     return found
 
 
 def leftovers(out) -> list[Path]:
     """What killed runs of `out` left that no run resumes: temporary masters (`stale_masters`) and the
-    writers' scratch files (`recording.scratch_paths`) of `out` and of its shards (of any count).
+    writers' scratch files (`format.scratch_paths`) of `out` and of its shards (of any count).
     Only the holder of `lock_path(out)` may delete them."""
     out = Path(out)
     shard = re.escape(out.stem) + r"\.shard-\d+-of-\d+" + re.escape(out.suffix)
@@ -125,6 +132,64 @@ def check_outputs(out, paths: list[Path], resume: bool) -> list[str]:
     if resume and all(s == "new" for s in states):
         raise UserError(f"nothing to resume: no shard of {out} ({paths[0].name}, ...) nor its .partial exists")
     return states
+
+
+@dataclass(kw_only=True)
+class ShardSource(PromptSource):
+    """Batches [first_batch, first_batch + n_batches) of another source as a source of their own: batch i
+    of the shard is batch first_batch + i of the whole (same tasks, same task ids), so a shard holds
+    exactly the rows the single-file recording holds there (made by `of`)."""
+
+    whole: PromptSource
+    """The source of the whole run."""
+    first_batch: int
+    """The whole run's index of the shard's first batch."""
+    whole_batch_size: int
+    """Prompts per batch of the whole run."""
+
+    @classmethod
+    def of(cls, whole: PromptSource, first_batch: int, stop_batch: int, batch_size: int) -> "ShardSource":
+        lo, hi = first_batch * batch_size, min(stop_batch * batch_size, whole.n_total)
+        return cls(config=whole.config, arrays=whole.arrays, n_total=hi - lo, seed=whole.seed,
+                   task_note=whole.task_note, sha256=whole.sha256, gamma=whole.gamma, whole=whole,
+                   first_batch=first_batch, whole_batch_size=batch_size)
+
+    @property
+    def first_prompt(self) -> int:
+        return self.first_batch * self.whole_batch_size
+
+    def task_ids(self, start: int, stop: int) -> np.ndarray:
+        return self.whole.task_ids(start + self.first_prompt, stop + self.first_prompt)
+
+    def batch(self, index: int, start: int, stop: int) -> dict[str, np.ndarray]:
+        return self.whole.batch(index + self.first_batch, start + self.first_prompt, stop + self.first_prompt)
+
+    def where(self, index: int, start: int, stop: int, batch_size: int) -> str:
+        """The place of the shard's batch in the whole run (the last shard's batch size may be smaller)."""
+        return self.whole.where(index + self.first_batch, start + self.first_prompt, stop + self.first_prompt,
+                                self.whole_batch_size)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard of a run: its file, its `shard` root attribute, its prompts, and what earlier runs left
+    of it ('done': complete, kept; 'resume': its .partial continues; 'new')."""
+
+    path: Path
+    meta: dict
+    source: ShardSource
+    state: str
+
+
+def plan(out, source: PromptSource, batch_size: int, count: int, resume: bool) -> list[Shard]:
+    """The `count` shards of recording `source` in batches of `batch_size` into the master `out`: whole
+    batches each (`batch_ranges`), checked against what earlier runs left before any work (`check_outputs`)."""
+    ranges = batch_ranges(-(-source.n_total // batch_size), count)
+    paths = shard_paths(out, count)
+    states = check_outputs(out, paths, resume)
+    return [Shard(path, shard_meta(i, count, b0, b0 * batch_size, source.n_total, batch_size),
+                  ShardSource.of(source, b0, b1, batch_size), state)
+            for i, (path, (b0, b1), state) in enumerate(zip(paths, ranges, states))]
 
 
 def check_done(path: Path, meta: dict) -> dict:

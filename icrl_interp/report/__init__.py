@@ -49,8 +49,8 @@ class ReportConfig:
     scheduler: str | None = None
     """Where the analyses run: serial, local, local:N or tcp://HOST:PORT of a running Dask scheduler
     (docs/cluster.md); default: local:WORKERS when more than one input is left to analyze, else serial."""
-    analyzer: str = DEFAULT_ANALYZER
-    """'module:function' taking a path and returning an icrl_interp.analysis/1 dict."""
+    analyzer: str = field(default=DEFAULT_ANALYZER, metadata={"hidden": True})
+    """'module:function' taking a path and returning an icrl_interp.analysis/1 dict (a flag for tests)."""
     use_cache: bool = True
     """Reuse `<out>/cache/<sha256>.json` analyses of unchanged inputs."""
     svg: bool = False
@@ -66,7 +66,7 @@ class ReportConfig:
     control_mdps: int = ControlSettings.mdps
     """Held-out MDPs of the in-context control evaluation of checkpoints of control families (sarsa,
     actor-critic); 0 disables it."""
-    control_steps: int = ControlSettings.iterations
+    control_iterations: int = ControlSettings.iterations
     """Closed-loop updates per MDP of that evaluation."""
     live_tasks: int = 256
     """Checkpoints are also run on this many prompts of their own task and their activations analyzed
@@ -75,15 +75,16 @@ class ReportConfig:
 
     def control(self) -> ControlSettings:
         """The control settings, validated (UserError on a bad value)."""
-        for name in ("control_mdps", "control_steps"):
+        for name in ("control_mdps", "control_iterations"):
             value = getattr(self, name)
             check(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                   f"{name.replace('_', '-')} must be a non-negative integer, got {value!r}")
         check(isinstance(self.live_tasks, int) and not isinstance(self.live_tasks, bool) and self.live_tasks >= 0,
               f"live-tasks must be a non-negative integer, got {self.live_tasks!r}")
-        check(self.control_steps >= 1 or self.control_mdps == 0,
-              f"control-steps must be at least 1 (or disable control with control-mdps 0), got {self.control_steps}")
-        return ControlSettings(mdps=self.control_mdps, iterations=self.control_steps)
+        check(self.control_iterations >= 1 or self.control_mdps == 0,
+              f"control-iterations must be at least 1 (or disable control with control-mdps 0), "
+              f"got {self.control_iterations}")
+        return ControlSettings(mdps=self.control_mdps, iterations=self.control_iterations)
 
 
 def build_report(inputs: list, out_dir, config: ReportConfig | None = None, engine=None) -> ReportOutcome:

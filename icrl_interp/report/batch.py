@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable, Iterator
 
-from ..core import outputs
 from .._version import __version__
 from ..analyzers import inputs
+from ..analyzers.keys import CONTROL
+from ..core import outputs
 from ..core.cluster import Engine, engine_for
 from ..core.errors import UserError, one_line
 from ..core.faults import kill_point
@@ -456,7 +457,7 @@ def analyze_job(analyzer: str, path: str, control: ControlSettings | None = None
     if control is not None:
         from .control_eval import evaluate
 
-        analysis["control"] = json.loads(dumps(evaluate(path, control)))
+        analysis[CONTROL] = json.loads(dumps(evaluate(path, control)))
     return "ok", analysis
 
 

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..families import registry
 from ..core.errors import one_line
+from ..families import registry
 
 SCHEMA = "icrl_interp.report-control/1"
 MAX_CURVE_POINTS = 100

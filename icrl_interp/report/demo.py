@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import outputs
-from ..families import registry
 from ..core import resources
 from ..core.errors import UserError
+from ..families import registry
 
 DATA_DIR = resources.checkpoints_dir()
 """Shipped trained checkpoints (one directory per family, or per run; see `resources` for wheel vs checkout)."""
@@ -31,12 +31,12 @@ class DemoConfig:
 
     out: Path = Path("icrl-report")
     """Report directory (inputs and recordings go in its `inputs/` subfolder)."""
-    prompts: int = 256
-    """Prompts recorded per model."""
+    tasks: int = 256
+    """Tasks sampled per model, one prompt each (recorded)."""
     quick: bool = False
-    """Fewer prompts (64) for a fast look."""
-    seed: int = 0
-    """Seed of the task samplers."""
+    """Fewer tasks (64) for a fast look."""
+    prompt_seed: int = 0
+    """Seed of the task sampler: which tasks are drawn and the trajectories of their prompts."""
     workers: int = 2
     """Parallel analysis processes."""
     families: tuple[str, ...] | None = None
@@ -82,12 +82,12 @@ def reproduction_lines(paths: list[Path]) -> list[str]:
 
 
 def _validate(config: DemoConfig) -> None:
-    for name in ("prompts", "workers"):
+    for name in ("tasks", "workers"):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserError(f"--{name} must be a positive integer, got {value!r}")
-    if isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0:
-        raise UserError(f"--seed must be a non-negative integer, got {config.seed!r}")
+    if isinstance(config.prompt_seed, bool) or not isinstance(config.prompt_seed, int) or config.prompt_seed < 0:
+        raise UserError(f"--prompt-seed must be a non-negative integer, got {config.prompt_seed!r}")
 
 
 def _clear_own(inputs_dir: Path, names: list[str]) -> None:
@@ -107,8 +107,8 @@ def _clear_own(inputs_dir: Path, names: list[str]) -> None:
 def run_demo(config: DemoConfig) -> int:
     """Build, record, analyze, report. Returns the number of failed inputs."""
     from ..models import checkpoint
-    from ..recording import probe_spec, recorder
     from ..models.construct import construct
+    from ..recording import probe_spec, prompts, recorder
     from . import ReportConfig, build_report
     from .batch import claim_out_dir, write_figure_manifest
     from .headline import text_table
@@ -118,7 +118,7 @@ def run_demo(config: DemoConfig) -> int:
     shipped = shipped_checkpoints()
     out = claim_out_dir(config.out, inputs=shipped)
     inputs_dir = out / "inputs"
-    n_prompts = 64 if config.quick else config.prompts
+    n_prompts = 64 if config.quick else config.tasks
 
     families = config.families or registry.where(lambda f: f.demo is not None and f.construct is not None)
     names = [f"theta_star-{family}" for family in families]
@@ -145,7 +145,7 @@ def run_demo(config: DemoConfig) -> int:
         except UserError:
             continue
         target = inputs_dir / f"{name}.h5"
-        source = recorder.PromptSource(config=cfg, n_total=n_prompts, seed=config.seed)
+        source = prompts.PromptSource(config=cfg, n_total=n_prompts, seed=config.prompt_seed)
         summary = recorder.record(model, target, spec, source, batch_size=min(128, n_prompts),
                                   checkpoint_sha256=checkpoint.sha256(path), progress=True)
         recordings.append(summary.path)

@@ -1,33 +1,19 @@
 """Tolerant access to analysis dicts (contract icrl_interp.analysis/1): a missing or malformed
-field reads as None / empty, so reports draw what is there and skip the rest."""
+field reads as None / empty, so reports draw what is there and skip the rest. The keys, and the readers
+an analyzer's report columns share with the report, are the analyzers' (`icrl_interp.analyzers.keys`)."""
 from __future__ import annotations
 
-import math
-
+from ..analyzers import kernel, weights
+from ..analyzers.keys import (ACTIVATIONS, CONTROL, KERNEL_DIAGONALITY, LAYER, LAYERS, RANDOM_INIT_VALUE_ERROR,
+                              READOUTS, REFERENCE_VALUE_ERROR, VALUE_ERROR, get, layers, num)
 from .batch import Result
 
-
-def num(x) -> float | None:
-    """x as a finite float, else None (bools are not numbers here)."""
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
-
-
-def get(d, *keys):
-    """d[k0][k1]...; None as soon as a level is missing or not a dict."""
-    for k in keys:
-        if not isinstance(d, dict) or k not in d:
-            return None
-        d = d[k]
-    return d
+__all__ = ["get", "num"]  # re-exported: the report's modules read analyses through this module
 
 
 def layers_of(r: Result) -> list[dict]:
     """The per-layer activation metrics of an analysis, sorted by layer ([] when absent)."""
-    layers = get(r.analysis, "activations", "layers")
-    if not isinstance(layers, list):
-        return []
-    rows = [x for x in layers if isinstance(x, dict) and isinstance(x.get("layer"), int)]
-    return sorted(rows, key=lambda x: x["layer"])
+    return layers(r.analysis)
 
 
 def layer_values(r: Result, key: str) -> tuple[list[int], list[float]]:
@@ -36,7 +22,7 @@ def layer_values(r: Result, key: str) -> tuple[list[int], list[float]]:
     for layer in layers_of(r):
         v = num(layer.get(key))
         if v is not None:
-            xs.append(layer["layer"])
+            xs.append(layer[LAYER])
             ys.append(v)
     return xs, ys
 
@@ -63,9 +49,7 @@ def label_of(r: Result) -> str:
 
 def max_rel_err(r: Result) -> float | None:
     """Largest per-block relative error to θ* at the best scale."""
-    rel = get(r.analysis, "weights", "manifold", "rel_err")
-    vals = [num(v) for v in (rel.values() if isinstance(rel, dict) else []) if num(v) is not None]
-    return max(vals) if vals else None
+    return weights.max_rel_err(r.analysis)
 
 
 def last_layer(r: Result, key: str) -> float | None:
@@ -92,20 +76,17 @@ def representatives(results: list[Result]) -> list[Result]:
 
 def kernel_of(layer: dict) -> tuple[list | None, float | None]:
     """(task-averaged M̂ as nested lists or None, contraction threshold (1+γ)/2 or None) of a layer."""
-    kd = layer.get("kernel_diagonality")
+    kd = layer.get(KERNEL_DIAGONALITY)
     if not isinstance(kd, dict):
         return None, None
-    threshold = num(kd.get("threshold"))
-    if threshold is None and num(kd.get("min")) is not None and num(kd.get("margin")) is not None:
-        threshold = num(kd["min"]) - num(kd["margin"])
     matrix = kd.get("M_hat")
-    return (matrix if isinstance(matrix, list) and matrix else None), threshold
+    return (matrix if isinstance(matrix, list) and matrix else None), kernel.threshold_of(kd)
 
 
 def kernel_head(layer: dict) -> tuple[int, int] | None:
     """(head, number of heads) of the kernel the analysis reports for a layer (the most diagonal head),
     None when it does not say (older analyses: a single head)."""
-    kd = layer.get("kernel_diagonality")
+    kd = layer.get(KERNEL_DIAGONALITY)
     head = kd.get("head") if isinstance(kd, dict) else None
     if not isinstance(head, int) or isinstance(head, bool):
         return None
@@ -118,38 +99,29 @@ def kernel_head(layer: dict) -> tuple[int, int] | None:
 def readout_curves(r: Result) -> dict[str, dict]:
     """{lens: {"layers", "value_error", "reference", "random_init"}} of the readouts of a foreign model
     (`activations.readouts.lenses`; lists aligned with "layers", None where absent); {} when none."""
-    lenses = get(r.analysis, "activations", "readouts", "lenses")
+    lenses = get(r.analysis, ACTIVATIONS, READOUTS, "lenses")
     out = {}
     for name, lens in (lenses.items() if isinstance(lenses, dict) else []):
-        rows = [x for x in (lens.get("layers") if isinstance(lens, dict) else None) or []
-                if isinstance(x, dict) and isinstance(x.get("layer"), int)]
+        rows = [x for x in (lens.get(LAYERS) if isinstance(lens, dict) else None) or []
+                if isinstance(x, dict) and isinstance(x.get(LAYER), int)]
         if rows:
-            rows.sort(key=lambda x: x["layer"])
-            out[str(name)] = {"layers": [x["layer"] for x in rows],
-                              "value_error": [num(x.get("value_error")) for x in rows],
-                              "reference": [num(x.get("reference_value_error")) for x in rows],
-                              "random_init": [num(x.get("random_init_value_error")) for x in rows]}
+            rows.sort(key=lambda x: x[LAYER])
+            out[str(name)] = {"layers": [x[LAYER] for x in rows],
+                              "value_error": [num(x.get(VALUE_ERROR)) for x in rows],
+                              "reference": [num(x.get(REFERENCE_VALUE_ERROR)) for x in rows],
+                              "random_init": [num(x.get(RANDOM_INIT_VALUE_ERROR)) for x in rows]}
     return out
 
 
 def kernel_mins(r: Result) -> dict[int, tuple[float, float | None]]:
     """layer -> (min_s diagonal, threshold): the empirical M̂ of a recording, else the population
     kernel M_π the analyzer computes from a checkpoint's score matrix."""
-    out = {}
-    rows = [(l["layer"], l.get("kernel_diagonality")) for l in layers_of(r)]
-    pop = get(r.analysis, "weights", "population_kernel")
-    if not any(isinstance(kd, dict) for _, kd in rows) and isinstance(pop, list):
-        rows = [(p.get("layer"), p) for p in pop if isinstance(p, dict)]
-    for layer, kd in rows:
-        mn = num(get(kd, "min"))
-        if isinstance(layer, int) and mn is not None:
-            out[layer] = (mn, kernel_of({"kernel_diagonality": kd})[1])
-    return out
+    return kernel.kernel_mins(r.analysis)
 
 
 def control_of(r: Result) -> dict | None:
     """The in-context control section of an analysis (report.control_eval), None when absent."""
-    c = get(r.analysis, "control")
+    c = get(r.analysis, CONTROL)
     return c if isinstance(c, dict) else None
 
 

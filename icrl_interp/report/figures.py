@@ -20,8 +20,10 @@ from jaxtyping import Float
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from ..families import registry
+from ..analyzers.keys import (ACTIVATIONS, LAYER, TD_PROBE_R2, TD_PROBE_SELECTIVITY, VALUE_ERROR, WANG_METRICS,
+                              WEIGHTS)
 from ..core.faults import kill_point
+from ..families import registry
 from .batch import Result
 from .causal import save
 from .fields import (control_of, get, is_theta_star, kernel_head, kernel_mins, kernel_of, label_of, last_layer, layer_values,
@@ -86,8 +88,8 @@ def attention_figure(r: Result) -> Figure | None:
         return None
     from ..recording.format import Recording
 
-    kernels = {l["layer"]: kernel_of(l) for l in layers_of(r)}
-    heads = {l["layer"]: kernel_head(l) for l in layers_of(r)}
+    kernels = {l[LAYER]: kernel_of(l) for l in layers_of(r)}
+    heads = {l[LAYER]: kernel_head(l) for l in layers_of(r)}
     with Recording(r.input.path) as rec:
         hooks = sorted((int(m.group(1)), h) for h in rec.hooks() if (m := PATTERN_HOOK.match(h)))[:MAX_LAYERS]
         if not hooks or rec.n_prompts == 0:
@@ -168,7 +170,7 @@ def block_matrix(entry) -> tuple[list[str], list[str], Float[Array, "r c"]] | No
 
 
 def _block_norms(r: Result) -> dict:
-    bn = get(r.analysis, "weights", "block_sparsity", "block_norms")
+    bn = get(r.analysis, WEIGHTS, "block_sparsity", "block_norms")
     if not isinstance(bn, dict):
         return {}
     out = {name: m for name, entry in bn.items() if (m := block_matrix(entry)) is not None}
@@ -247,7 +249,7 @@ def block_norm_figure(family: str, results: list[Result]) -> Figure | None:
             ax = axes[i, col]
             norms = _block_norms(r)
             if name in norms:
-                energy = num(get(r.analysis, "weights", "block_sparsity", "in_support_energy"))
+                energy = num(get(r.analysis, WEIGHTS, "block_sparsity", "in_support_energy"))
                 extra = f"\nin-support energy {energy:.3f}" if energy is not None else ""
                 _heat(fig, ax, *norms[name], f"{name}: {label_of(r)}{extra}")
             else:
@@ -263,7 +265,7 @@ def _reference_key(layer_rows: list[dict]) -> str | None:
     """Name of a per-layer reference-algorithm value error, if the analyzer gives one."""
     for row in layer_rows:
         for k in row:
-            if k != "value_error" and "value_error" in k and ("reference" in k or "ref" in k.split("_")):
+            if k != VALUE_ERROR and VALUE_ERROR in k and ("reference" in k or "ref" in k.split("_")):
                 return k
     return None
 
@@ -308,7 +310,7 @@ def value_error_depth_figure(family: str, results: list[Result]) -> Figure | Non
     models read through readouts each lens's curve with the same lens on the random-init model (thin
     dotted); the reference algorithm at the same depth dotted grey."""
     shown = [r for r in representatives([r for r in results if r.analyzed])
-             if layer_values(r, "value_error")[0] or readout_curves(r)]
+             if layer_values(r, VALUE_ERROR)[0] or readout_curves(r)]
     if not shown:
         return None
     shown = shown[:MAX_LINES]
@@ -317,7 +319,7 @@ def value_error_depth_figure(family: str, results: list[Result]) -> Figure | Non
     ref_drawn = base_drawn = False
     for r, color in zip(shown, _colors(len(shown))):
         theta = is_theta_star(r)
-        xs, ys = _positive(*layer_values(r, "value_error"))
+        xs, ys = _positive(*layer_values(r, VALUE_ERROR))
         if xs:
             ax.plot(xs, ys, marker="o", color=THETA_STAR_COLOR if theta else color,
                     linestyle="--" if theta else "-", label=label_of(r))
@@ -357,7 +359,7 @@ def value_error_context_figure(family: str, results: list[Result]) -> Figure | N
     """Last-layer value error against context length n (needs ≥ 2 lengths)."""
     points = defaultdict(lambda: defaultdict(list))
     for r in results:
-        n, v = r.input.meta.get("context_length"), last_layer(r, "value_error") if r.analyzed else None
+        n, v = r.input.meta.get("context_length"), last_layer(r, VALUE_ERROR) if r.analyzed else None
         if isinstance(n, int) and v is not None and v > 0:
             points["θ* (construction)" if is_theta_star(r) else (r.source or "model")][n].append(v)
     lengths = {n for series in points.values() for n in series}
@@ -392,7 +394,7 @@ def td_probe_figure(family: str, results: list[Result]) -> Figure | None:
     from .td_probes import selectivity_values
 
     ok = representatives([r for r in results if r.analyzed])
-    shown = [r for r in ok if selectivity_values(r)[0] or layer_values(r, "td_probe_r2")[0]][:MAX_LINES]
+    shown = [r for r in ok if selectivity_values(r)[0] or layer_values(r, TD_PROBE_R2)[0]][:MAX_LINES]
     if not shown:
         return None
     fig = Figure(figsize=(7, 4.5), layout="constrained")
@@ -411,7 +413,7 @@ def td_probe_figure(family: str, results: list[Result]) -> Figure | None:
                 lows.extend(blo)
                 highs.extend(bhi)
         else:
-            xs, ys = layer_values(r, "td_probe_r2")
+            xs, ys = layer_values(r, TD_PROBE_R2)
             ax.plot(xs, ys, marker="x", color=color, linestyle=":", label=f"{label_of(r)}: raw R², no baselines")
         lows.extend(ys)
         highs.extend(ys)
@@ -494,17 +496,17 @@ def control_figure(family: str, results: list[Result]) -> Figure | None:
 # ------------------------------------------------------------------ training trends
 TREND_METRICS = [
     # (title, y label, extractor, reference value for θ*, log scale)
-    ("in-support energy", "fraction of squared norm", lambda r: num(get(r.analysis, "weights", "block_sparsity", "in_support_energy")), 1.0, False),
-    ("manifold gauge cosine", "cosine (1 = θ* up to scale)", lambda r: num(get(r.analysis, "weights", "manifold", "gauge_cosine")), 1.0, False),
+    ("in-support energy", "fraction of squared norm", lambda r: num(get(r.analysis, WEIGHTS, "block_sparsity", "in_support_energy")), 1.0, False),
+    ("manifold gauge cosine", "cosine (1 = θ* up to scale)", lambda r: num(get(r.analysis, WEIGHTS, "manifold", "gauge_cosine")), 1.0, False),
     ("manifold relative error (max over blocks)", "relative error (log; θ* = 0)", max_rel_err, None, True),
-    ("lazy-block drift ‖P22‖, ‖V̄22‖", "norm (θ* = 0)", lambda r: num(get(r.analysis, "weights", "block_sparsity", "lazy_drift")), 0.0, False),
-    ("TD-probe selectivity (last layer)", "R² − max baseline R²", lambda r: last_layer(r, "td_probe_selectivity"), None, False),
+    ("lazy-block drift ‖P22‖, ‖V̄22‖", "norm (θ* = 0)", lambda r: num(get(r.analysis, WEIGHTS, "block_sparsity", "lazy_drift")), 0.0, False),
+    ("TD-probe selectivity (last layer)", "R² − max baseline R²", lambda r: last_layer(r, TD_PROBE_SELECTIVITY), None, False),
     ("value error (last layer)", "mean value error (log; the depth figure's axis says which)",
-     lambda r: last_layer(r, "value_error"), None, True),
+     lambda r: last_layer(r, VALUE_ERROR), None, True),
     ("Wang et al.'s SS vs batch TD at the fitted step", "sensitivity similarity (θ* = 1)",
-     lambda r: num(get(r.analysis, "activations", "wang_metrics", "SS")), 1.0, False),
+     lambda r: num(get(r.analysis, ACTIVATIONS, WANG_METRICS, "SS")), 1.0, False),
     ("Wang et al.'s VD vs batch TD at the fitted step", "value difference (log; θ* = 0)",
-     lambda r: num(get(r.analysis, "activations", "wang_metrics", "VD")), None, True),
+     lambda r: num(get(r.analysis, ACTIVATIONS, WANG_METRICS, "VD")), None, True),
 ]
 
 

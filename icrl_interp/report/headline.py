@@ -1,10 +1,13 @@
 """The handful of numbers per input that the summary table shows (HTML page and terminal).
 
-Kernel diagonality is summarised by its worst layer (min over layers of min_s M(s,s), and the
-margin of that layer; M̂ from a recording, else the population kernel M_π of a checkpoint); the TD probe and
-value error by the last layer. The TD probe is shown as its selectivity (R² minus the largest of the input,
-random-init and shuffled baselines) with its 95% interval over held-out tasks, never as raw R²: an untrained
-model's raw R² is as high as a trained one's, because the TD error is mostly the reward, which is in the input.
+The columns are the input's label, family, source and status, then the summary fields of every
+registered analyzer in order (`icrl_interp.analyzers.registry.columns()`: an analyzer of your own adds
+its own), then in-context control. The built-in ones: kernel diagonality by its worst layer (min over
+layers of min_s M(s,s), and the margin of that layer; M̂ from a recording, else the population kernel
+M_π of a checkpoint); the TD probe and value error by the last layer. The TD probe is shown as its
+selectivity (R² minus the largest of the input, random-init and shuffled baselines) with its 95% interval
+over held-out tasks, never as raw R²: an untrained model's raw R² is as high as a trained one's, because
+the TD error is mostly the reward, which is in the input.
 In-context control (sarsa / actor-critic checkpoints) by the transformer's and the teacher's mean
 exact return at the final closed-loop update ('error' when the evaluation failed).
 Causal tests (causal JSON inputs) get their own table (`CAUSAL_COLUMNS`): the output change from erasing
@@ -14,60 +17,33 @@ from __future__ import annotations
 
 import textwrap
 
+from ..analyzers import registry
+from ..analyzers.keys import TD_PROBE_R2, last_layer
 from .batch import Result
-from .fields import causal_stat, control_of, control_returns, get, kernel_mins, label_of, layers_of, max_rel_err, num
+from .fields import causal_stat, control_of, control_returns, get, label_of, num
 
-# (column key, header, format)
-COLUMNS = [
-    ("label", "input", "{}"),
-    ("family", "family", "{}"),
-    ("source", "source", "{}"),
-    ("status", "status", "{}"),
-    ("in_support_energy", "in-support energy", "{:.3f}"),
-    ("manifold_rel_err", "manifold rel. err (max)", "{:.3g}"),
-    ("gauge_cosine", "gauge cosine", "{:.3f}"),
-    ("sign_pattern", "sign pattern", "{}"),
-    ("lazy_drift", "lazy drift", "{:.3g}"),
-    ("kernel_min", "min kernel diag", "{:.3f}"),
-    ("kernel_margin", "margin vs (1+γ)/2", "{:+.3f}"),
-    ("td_probe_selectivity", "TD-probe selectivity [95% CI] (last layer)", "{}"),
-    ("value_error", "value error (last layer)", "{:.3g}"),
-    ("control_return", "control return (tf/teacher)", "{}"),
-]
+META_COLUMNS = [("label", "input", "{}"), ("family", "family", "{}"), ("source", "source", "{}"), ("status", "status", "{}")]
+"""(column key, header, format) of the columns before the analyzers' (never formatted as numbers)."""
+CONTROL_COLUMN = ("control_return", "control return (tf/teacher)", "{}")
+CONTROL_LEGEND = "control: closed-loop return, transformer/teacher"
+
+
+def columns() -> list[tuple[str, str, str]]:
+    """(column key, header, format) of every column, in order."""
+    return [*META_COLUMNS, *((c.key, c.header, c.fmt) for c in registry.columns()), CONTROL_COLUMN]
 
 
 def headline(r: Result) -> dict:
-    """Raw values for COLUMNS (None where the analysis lacks them)."""
+    """Raw values of `columns()` (None where the analysis lacks them), and the last layer's raw TD-probe R²."""
     a = r.analysis or {}
-    out = {
-        "label": label_of(r),
-        "family": r.family,
-        "source": r.source,
-        "status": r.status,
-        "in_support_energy": num(get(a, "weights", "block_sparsity", "in_support_energy")),
-        "manifold_rel_err": max_rel_err(r),
-        "gauge_cosine": num(get(a, "weights", "manifold", "gauge_cosine")),
-        "sign_pattern": get(a, "weights", "sign_pattern") if isinstance(get(a, "weights", "sign_pattern"), str) else None,
-        "lazy_drift": num(get(a, "weights", "block_sparsity", "lazy_drift")),
-        "kernel_min": None,
-        "kernel_margin": None,
-        "td_probe_r2": None,
-        "td_probe_selectivity": None,
-        "value_error": None,
-        "control_return": None,
-    }
-    layers = layers_of(r)
-    kernels = kernel_mins(r)
-    if kernels:
-        mn, threshold = min(kernels.values(), key=lambda v: v[0])
-        out["kernel_min"], out["kernel_margin"] = mn, None if threshold is None else mn - threshold
-    for key in ("td_probe_r2", "value_error"):
-        vals = [num(layer.get(key)) for layer in layers if num(layer.get(key)) is not None]
-        out[key] = vals[-1] if vals else None
-    sel = [x for x in layers if num(x.get("td_probe_selectivity")) is not None]
-    if sel:
-        out["td_probe_selectivity"] = selectivity_text(sel[-1].get("td_probe_selectivity"),
-                                                       sel[-1].get("td_probe_selectivity_ci"))
+    out = {"label": label_of(r), "family": r.family, "source": r.source, "status": r.status}
+    for c in registry.columns():
+        try:
+            out[c.key] = c.value(a)
+        except Exception:  # noqa: BLE001 - an analyzer's reader that fails on odd input leaves its cell empty
+            out[c.key] = None
+    out[TD_PROBE_R2] = last_layer(a, TD_PROBE_R2)
+    out["control_return"] = None
     tf, teacher = control_returns(r)
     if tf is not None and teacher is not None:
         diverged = num(get(control_of(r), "diverged_mdps"))
@@ -77,29 +53,30 @@ def headline(r: Result) -> dict:
     return out
 
 
-def selectivity_text(value, ci) -> str:
-    """'+0.131 [+0.101, +0.173]' (the interval left out when the analysis has none)."""
-    lo, hi = (ci if isinstance(ci, list) and len(ci) == 2 else [None, None])
-    text = f"{num(value):+.3f}"
-    return text + (f" [{num(lo):+.3f}, {num(hi):+.3f}]" if num(lo) is not None and num(hi) is not None else "")
-
-
 def formatted(r: Result) -> dict[str, str]:
-    """COLUMNS as display strings ('—' where absent)."""
+    """`columns()` as display strings ('—' where absent)."""
     raw = headline(r)
-    return {key: "—" if raw[key] in (None, "") else fmt.format(raw[key]) for key, _, fmt in COLUMNS}
+    return {key: _shown(raw[key], fmt) for key, _, fmt in columns()}
 
 
-# Terminal headers: short enough that the table fits one screen; LEGEND spells them out.
-SHORT = {"in_support_energy": "energy", "manifold_rel_err": "rel.err", "gauge_cosine": "gauge",
-         "sign_pattern": "signs", "lazy_drift": "lazy", "kernel_min": "diag", "kernel_margin": "margin",
-         "td_probe_selectivity": "probe sel. [CI]", "value_error": "v.err", "control_return": "control"}
-LEGEND = ("energy: in-support energy · rel.err: manifold relative error (max block) · gauge: gauge cosine · "
-          "signs: value-row sign pattern · lazy: lazy-block drift · diag / margin: min kernel diagonal and its "
-          "margin over (1+γ)/2 (worst layer) · probe sel.: TD-probe R² minus the largest of its input, random-init and "
-          "shuffled baselines, with its 95% interval over held-out tasks (last layer; ≈ 0: nothing beyond the input) · "
-          "v.err: value error (last layer) · "
-          "control: closed-loop return, transformer/teacher")
+def _shown(value, fmt: str) -> str:
+    """A cell: '—' where absent, `fmt` where the value fits it, else the value as text."""
+    if value in (None, ""):
+        return "—"
+    try:
+        return fmt.format(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def short_headers() -> dict[str, str]:
+    """Terminal headers: short enough that the table fits one screen; `legend()` spells them out."""
+    return {**{c.key: c.short or c.header for c in registry.columns()}, "control_return": "control"}
+
+
+def legend() -> str:
+    """What the terminal headers mean."""
+    return " · ".join([*(c.legend for c in registry.columns() if c.legend), CONTROL_LEGEND])
 
 
 # (column key, header, terminal header or None when the terminal leaves it out)
@@ -182,13 +159,14 @@ def causal_text(results: list[Result], width: int = 28) -> str:
 def text_table(results: list[Result], width: int = 28) -> str:
     """A plain-text table for the terminal, failed inputs listed with their reasons below it."""
     rows = [formatted(r) for r in results]
-    cols = [(k, SHORT.get(k, h)) for k, h, _ in COLUMNS if k != "status"]
+    short = short_headers()
+    cols = [(k, short.get(k, h)) for k, h, _ in columns() if k != "status"]
     for row in rows:
         row["label"] = row["label"] if len(row["label"]) <= width else "…" + row["label"][-(width - 1):]
     widths = {k: max(len(h), *(len(row[k]) for row in rows)) if rows else len(h) for k, h in cols}
     lines = ["  ".join(h.ljust(widths[k]) for k, h in cols)]
     lines += ["  ".join(row[k].ljust(widths[k]) for k, _ in cols) for row in rows]
-    lines += ["", *textwrap.wrap(LEGEND, 110)]
+    lines += ["", *textwrap.wrap(legend(), 110)]
     causal = causal_text(results, width)
     if causal:
         lines += ["", causal]

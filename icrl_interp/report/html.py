@@ -12,9 +12,9 @@ from pathlib import Path
 
 from .._version import __version__
 from .batch import Result
-from .figures import FigureInfo
 from .fields import control_of, get, label_of, num
-from .headline import CAUSAL_COLUMNS, COLUMNS, causal_headline, formatted
+from .figures import FigureInfo
+from .headline import CAUSAL_COLUMNS, causal_headline, columns, formatted
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2em auto;max-width:1400px;
@@ -39,18 +39,19 @@ def _img_src(report_dir: Path, rel: str, embed: bool) -> str:
 
 
 def _table(results: list[Result]) -> str:
-    head = "".join(f'<th class="{"l" if i < 4 else ""}">{escape(h)}</th>' for i, (_, h, _) in enumerate(COLUMNS))
+    cols = columns()
+    head = "".join(f'<th class="{"l" if i < 4 else ""}">{escape(h)}</th>' for i, (_, h, _) in enumerate(cols))
     body = []
     for r in results:
         cells = formatted(r)
-        tds = "".join(f'<td class="{"l" if i < 4 else ""}">{escape(cells[k])}</td>' for i, (k, _, _) in enumerate(COLUMNS))
+        tds = "".join(f'<td class="{"l" if i < 4 else ""}">{escape(cells[k])}</td>' for i, (k, _, _) in enumerate(cols))
         title = escape(str(r.input.path), quote=True)
         status = r.status.replace(" ", "-")
         row = f'<tr class="{status}" title="{title}">{tds}</tr>'
         if r.status != "ok":  # failed, nothing analyzed: why; partial: what is missing
             why = r.error or r.reasons
             row += (f'<tr class="{"partial" if r.status == "partial" else "failed"}"><td class="l err" '
-                    f'colspan="{len(COLUMNS)}">{escape(str(r.input.path))}: {escape(r.status)}: {escape(why)}</td></tr>')
+                    f'colspan="{len(cols)}">{escape(str(r.input.path))}: {escape(r.status)}: {escape(why)}</td></tr>')
         body.append(row)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 

@@ -15,6 +15,7 @@ import csv
 import io
 from pathlib import Path
 
+from ..analyzers.keys import LAYER, TD_PROBE, TD_PROBE_HOOK, TD_PROBE_SELECTIVITY, TD_PROBE_SELECTIVITY_CI
 from ..core.files import write_atomic
 from .batch import Result
 from .fields import get, layers_of, num
@@ -29,12 +30,12 @@ def selectivity_values(r: Result) -> tuple[list[int], list[float], list[float | 
     """(layers, selectivity, CI low, CI high) of each layer's primary probe (`td_probe_selectivity`)."""
     xs, ys, lo, hi = [], [], [], []
     for layer in layers_of(r):
-        v = num(layer.get("td_probe_selectivity"))
+        v = num(layer.get(TD_PROBE_SELECTIVITY))
         if v is None:
             continue
-        ci = layer.get("td_probe_selectivity_ci")
+        ci = layer.get(TD_PROBE_SELECTIVITY_CI)
         ci = ci if isinstance(ci, list) and len(ci) == 2 else [None, None]
-        xs.append(layer["layer"])
+        xs.append(layer[LAYER])
         ys.append(v)
         lo.append(num(ci[0]))
         hi.append(num(ci[1]))
@@ -43,7 +44,7 @@ def selectivity_values(r: Result) -> tuple[list[int], list[float], list[float | 
 
 def _probes(r: Result):
     for layer in layers_of(r):
-        probes = layer.get("td_probe")
+        probes = layer.get(TD_PROBE)
         for hook, p in (probes.items() if isinstance(probes, dict) else []):
             if isinstance(p, dict):
                 yield layer, hook, p
@@ -58,8 +59,8 @@ def target_rows(results: list[Result]) -> list[dict]:
                 if not isinstance(t, dict):
                     continue
                 ci = t.get("selectivity_ci") if isinstance(t.get("selectivity_ci"), list) else [None, None]
-                rows.append({"input": str(r.input.path), "layer": layer["layer"], "hook": hook,
-                             "primary": hook == layer.get("td_probe_hook") and name == p.get("target"), "target": name,
+                rows.append({"input": str(r.input.path), "layer": layer[LAYER], "hook": hook,
+                             "primary": hook == layer.get(TD_PROBE_HOOK) and name == p.get("target"), "target": name,
                              **{k: num(t.get(k)) for k in ("r2", "r2_input", "r2_random_init", "r2_shuffled", "selectivity")},
                              "selectivity_lo": num(ci[0]) if len(ci) == 2 else None,
                              "selectivity_hi": num(ci[1]) if len(ci) == 2 else None,
@@ -78,7 +79,7 @@ def task_rows(results: list[Result]) -> list[dict]:
             cols = {k: table.get(k) if isinstance(table.get(k), list) and len(table.get(k)) == len(ids) else None
                     for k in TASK_COLUMNS[5:]}
             for i, task in enumerate(ids):
-                rows.append({"input": str(r.input.path), "layer": layer["layer"], "hook": hook, "target": p.get("target"),
+                rows.append({"input": str(r.input.path), "layer": layer[LAYER], "hook": hook, "target": p.get("target"),
                              "task_id": task, **{k: (None if v is None else v[i]) for k, v in cols.items()}})
     return rows
 

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from . import envs, layouts
 from ..core.errors import UserError
+from . import envs, layouts
 
 
 @dataclass

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..core.errors import UserError, check
+from ..families import registry
 from .recipe import recipe, training_families
 
 MAX_SEED = 2**63 - 1
@@ -74,10 +75,23 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def hashed_dict(self) -> dict:
+        """`to_dict()` with the fields the family renamed (`registry.Family.renamed["training"]`) under their
+        old names: what run ids and sweep point names hash, so runs made before a rename keep their names."""
+        old = {new: old for old, new in renamed_fields(self.family).items()}
+        return {old.get(k, k): v for k, v in self.to_dict().items()}
+
+
+def renamed_fields(family: str) -> dict[str, str]:
+    """{old field name: new name} of a family's training config: read from older run configs, checkpoints and
+    --config files, written new."""
+    return registry.get(family).renamed.get("training", {}) if family in registry.names() else {}
+
 
 def config_for(family: str, **overrides) -> TrainConfig:
     """The default config of a family with `overrides` applied (unknown keys are an error)."""
     cls = recipe(family).config_class
+    overrides = registry.current_keys(overrides, renamed_fields(family))
     types = {f.name: f.type for f in dataclasses.fields(cls)}
     unknown = sorted(set(overrides) - set(types))
     check(not unknown, f"unknown {family} training option(s): {', '.join(unknown)}")

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 from jaxtyping import Float, Int
 
-from ..tasks import envs
 from ..core import files
-from ..families import registry
 from ..core.errors import check
 from ..core.outputs import check_fits
+from ..families import registry
+from ..tasks import envs
 
 Array = np.ndarray
 REWARDS = ("uniform", "normal")
@@ -47,7 +47,7 @@ class ControlConfig:
     """Context length (steps per update); None = the checkpoint's n (64 if it has none)."""
     epsilon: float = 0.1
     """SARSA exploration: epsilon-greedy on w . phi (actor-critic acts with pi_lam)."""
-    seed: int = 0
+    seed: int = field(default=0, metadata={"flag": "--prompt-seed"})
     """Seeds the MDP draw and the (shared) sampling stream of the teacher and transformer loops."""
     rewards: str = field(default="uniform", metadata={"choices": REWARDS})
     """'uniform': R(s, a) ~ U(-1, 1) (envs.sample_tabular_mdps, the training distribution); 'normal': N(0, 1)."""
@@ -252,7 +252,7 @@ def torch_threads(n: int | None):
 
 
 def check_size(cfg: ControlConfig, config, algo) -> None:
-    """Refuse --mdps / --steps / --n whose closed loops do not fit in memory (before any work)."""
+    """Refuse --mdps / --iterations / --n whose closed loops do not fit in memory (before any work)."""
     S, A, D = algo.n_states, algo.n_actions, config.model.D
     sizes = {"mdps": cfg.mdps, "iterations": cfg.iterations, "n": cfg.n or int(config.task.n or 64)}
 
@@ -263,14 +263,14 @@ def check_size(cfg: ControlConfig, config, algo) -> None:
         mdps = 4 * 8 * B * S * A * S  # P, its cumulative sum, value-iteration temporaries
         return curves + prompts + mdps
 
-    check_fits(estimate, sizes, {"mdps": "--mdps", "iterations": "--steps", "n": "--n"}, "the closed loops")
+    check_fits(estimate, sizes, {"mdps": "--mdps", "iterations": "--iterations", "n": "--n"}, "the closed loops")
 
 
 def run_checkpoint(path, cfg: ControlConfig, progress: bool = True, threads: int | None = None, device="cpu") -> dict:
     """Load a checkpoint of a control family and evaluate it in closed loop (`threads`: see torch_threads;
     `device`: where the model's forward passes run, `icrl_interp.core.devices`; the environments stay numpy)."""
-    from ..models import checkpoint
     from ..core import devices
+    from ..models import checkpoint
 
     config, _ = checkpoint.read(path)
     check(registry.get(config.family).control is not None,

@@ -9,19 +9,11 @@ torch half, nothing else does.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ..families import registry
 from ..core.errors import UserError
-
-OLD_FLAGS: dict[str, tuple[str, ...]] = {
-    "n_states": ("--states",),
-    "n_layers": ("--layers",),
-    "n_actions": ("--actions",),
-}
-"""Flag spellings of earlier releases, by config field (a field a config lacks is skipped)."""
-
+from ..families import registry
 
 def no_masks(model, cfg, generator) -> dict:
     """`adjust_init` of a family that keeps `models.build_model`'s init as it is."""
@@ -80,8 +72,6 @@ class Recipe:
     update_constraint: Callable[[Any, Any], Any] | None = None
     """update_constraint(model, cfg) -> None, or fix(named_parameters, before) that rewrites each
     optimizer update in place (`before`: the parameters before the step)."""
-    aliases: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(OLD_FLAGS))
-    """Extra command-line spellings of config fields ({field: ("--old-flag",)}), kept for old scripts."""
 
     def objective(self, cfg) -> Callable[[Any, Any], Any]:
         """The loss a config selects (its `objective` field, else the first objective)."""

@@ -48,7 +48,8 @@ from pathlib import Path
 
 from ..core.errors import UserError, check, one_line
 from ..core.files import is_lock_file, locked, temporaries
-from .config import MAX_SEED, TrainConfig, config_for
+from ..families import registry
+from .config import MAX_SEED, TrainConfig, config_for, renamed_fields
 from .recipe import recipe, training_families
 
 SWEEP_SCHEMA = "icrl_interp.sweep/1"
@@ -62,11 +63,12 @@ KEYS = ("family", "seeds", *TABLES)
 """Top-level keys of a grid file."""
 NOT_SWEPT = ("family", "seed", "run_id")
 """Config fields set elsewhere: the family and seeds at the top level, the run id by the trainer."""
-REPORT_FIELDS = ("title", "max_recordings", "svg", "embed", "control_mdps", "control_steps", "use_cache", "live_tasks")
+REPORT_FIELDS = ("title", "max_recordings", "svg", "embed", "control_mdps", "control_iterations", "use_cache",
+                 "live_tasks")
 """ReportConfig fields a grid file's [report] table may set (not where the analyses run: the sweep's
 scheduler decides that)."""
 REPORT_TYPES = {"title": "str", "max_recordings": "int", "svg": "bool", "embed": "bool", "control_mdps": "int",
-                "control_steps": "int", "use_cache": "bool", "live_tasks": "int"}
+                "control_iterations": "int", "use_cache": "bool", "live_tasks": "int"}
 MAX_RUNS = 10_000
 """The most runs one sweep plans: checking and naming a point takes ~0.5 ms, its entry in sweep.json
 ~0.5 KiB and its report rows as many as its checkpoints; a larger study is several sweeps."""
@@ -225,7 +227,7 @@ def _slug(value) -> str:
 
 def config_hash(cfg: TrainConfig) -> str:
     """Short hash of the config without `steps` (more steps continue a run; anything else is another run)."""
-    blob = json.dumps({k: v for k, v in cfg.to_dict().items() if k != "steps"}, sort_keys=True)
+    blob = json.dumps({k: v for k, v in cfg.hashed_dict().items() if k != "steps"}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
@@ -255,6 +257,7 @@ def is_finished(run_dir, cfg: TrainConfig, evaluate: bool = True) -> bool:
     except (OSError, ValueError, RecursionError):
         return False
     stored = {k: v for k, v in stored.items() if k != "run_id"} if isinstance(stored, dict) else {}
+    stored = registry.current_keys(stored, renamed_fields(cfg.family))  # a run made before a field was renamed
     last = run_dir / "checkpoints" / f"step_{cfg.steps:06d}" / "trainer_state.json"
     return stored == cfg.to_dict() and isinstance(final, dict) and final.get("step") == cfg.steps and last.is_file()
 

@@ -55,7 +55,7 @@ def run_id(cfg: TrainConfig) -> str:
     """Deterministic id: family, seed and a hash of the config (so same config -> same checkpoints)."""
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
     late = getattr(type(cfg), "LATE_FIELDS", ())
-    blob = json.dumps({k: v for k, v in cfg.to_dict().items() if k not in ("steps", "checkpoint_every", "log_every")
+    blob = json.dumps({k: v for k, v in cfg.hashed_dict().items() if k not in ("steps", "checkpoint_every", "log_every")
                        and not (k in late and v == defaults.get(k))}, sort_keys=True)
     return f"{cfg.family}-s{cfg.seed}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 

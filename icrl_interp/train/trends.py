@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models import checkpoint
 from ..core.files import atomic_path, write_json
+from ..models import checkpoint
 from .evaluate import evaluate_run
 from .recipe import recipe_of
 from .trainer import list_checkpoints, load_run_config

@@ -11,9 +11,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..tasks import layouts
-from ..families import registry
 from ..core.errors import UserError
+from ..families import registry
+from ..tasks import layouts
 
 Array = np.ndarray
 

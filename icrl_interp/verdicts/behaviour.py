@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import candidates as C
 from .._version import __version__
-from ..families import registry
-from ..tasks import sampling
-from ..core.errors import UserError
-from ..tasks.layouts import PromptLayout
 from ..analyzers import inputs, td_probe
 from ..analyzers.readout import Ridge
+from ..core.errors import UserError
+from ..families import registry
+from ..interventions.statistics import interval
+from ..tasks import sampling
+from ..tasks.layouts import PromptLayout
+from . import candidates as C
 
 SCHEMA = inputs.VERDICT_SCHEMA
 FOLDS = 5
@@ -232,14 +233,6 @@ def _task_sums(values: np.ndarray, task: np.ndarray) -> tuple[np.ndarray, np.nda
     out = np.zeros((uniq.size, values.shape[1]))
     np.add.at(out, inv, values)
     return uniq, out
-
-
-def interval(samples: np.ndarray) -> list | None:
-    """[2.5, 97.5] percentiles of bootstrap samples; None when fewer than 95% of them are finite."""
-    ok = samples[np.isfinite(samples)]
-    if ok.size < 0.95 * samples.size or ok.size == 0:
-        return None
-    return [float(np.percentile(ok, 2.5)), float(np.percentile(ok, 97.5))]
 
 
 def _num(x):
@@ -466,7 +459,7 @@ def run(data: VerdictData, *, candidates=None, steps: int | None = None, test_fr
         "task": {"family": data.task_family, "output": None if data.hints is None else data.hints.output,
                  "n": int(tr.shape[1]), "gamma": data.gamma, "output_width": out_width},
         "model": data.model_info,
-        "settings": {"seed": int(seed), "test_fraction": float(test_fraction), "bootstrap": int(resamples),
+        "settings": {"split_seed": int(seed), "test_fraction": float(test_fraction), "bootstrap": int(resamples),
                      "max_steps": K, "min_r2": float(min_r2), "n_prompts": int(data.z.shape[0]),
                      "n_test_prompts": int(test.sum()), "n_test_tasks": n_test_tasks},
         "readout": {"kind": data.readout_kind, "description": READOUTS[data.readout_kind]},

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..tasks import reference
 from ..core import validate as V
 from ..core.errors import UserError
+from ..tasks import reference
 
 LAMBDAS = (0.5, 0.9, 1.0)
 """The TD(lambda) grid (lambda = 0 is td0)."""

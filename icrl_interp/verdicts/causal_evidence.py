@@ -16,15 +16,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.errors import UserError
 from ..interventions import causal
 from . import behaviour as V
-from ..core.errors import UserError
 
 
 def causation(model, *, roles: dict | None = None, draws: int = 16, max_tasks: int = 64, seed: int = 0,
-              resamples: int = 1000, batch_size: int = 256):
-    """The `causation` callable of `analyzers.verdict.run` for `model` (its resid_post per layer; [roles]
-    for a model without TransformerLens hook names)."""
+              resamples: int = 1000, batch_size: int = 256, direction_seed: int | None = None):
+    """The `causation` callable of `verdicts.behaviour.run` for `model` (its resid_post per layer; [roles]
+    for a model without TransformerLens hook names). `seed` draws the bootstrap resamples of the held-out
+    tasks, `direction_seed` (default: `seed`) the random directions."""
+    direction_seed = seed if direction_seed is None else direction_seed
 
     def measure(data: V.VerdictData, layer: int, directions: dict, test: np.ndarray) -> dict:
         try:
@@ -51,7 +53,7 @@ def causation(model, *, roles: dict | None = None, draws: int = 16, max_tasks: i
 
         names = sorted(directions)
         cand = np.stack([change(directions[c]) for c in names], 1)  # [prompts, C]
-        G = causal.random_directions(X.shape[-1], draws, seed, layer)
+        G = causal.random_directions(X.shape[-1], draws, direction_seed, layer)
         rand = np.stack([change(g) for g in G], 1)  # [prompts, draws]
         uniq, inv = np.unique(data.task_id[idx], return_inverse=True)
         per_task = lambda a: np.stack([a[inv == t].mean(0) for t in range(uniq.size)])  # noqa: E731
@@ -83,25 +85,29 @@ def causation(model, *, roles: dict | None = None, draws: int = 16, max_tasks: i
 
 
 def verdict(source=None, *, model=None, task=None, task_options: dict | None = None, probe=None, tasks: int = 512,
-            record_seed: int = 0, candidates=None, steps: int | None = None, test_fraction: float = 0.3,
+            prompt_seed: int = 0, candidates=None, steps: int | None = None, test_fraction: float = 0.3,
             seed: int = 0, bootstrap: int = 1000, min_r2: float = 0.5, max_prompts: int = 1024,
             causal_draws: int = 16, causal_tasks: int = 64, causal: bool = True, label: str | None = None,
-            baseline: str = "random-init", batch_size: int = 128, progress: bool = True) -> dict:
+            baseline: str = "random-init", batch_size: int = 128, progress: bool = True,
+            split_seed: int | None = None, direction_seed: int | None = None) -> dict:
     """The verdict JSON (`icrl_interp.verdict/1`, docs/formats.md "Verdict JSON").
 
     `source`: a recording (.h5). With `model` (a torch module: one of the package's models or your own)
     the causal evidence is added (unless `causal` is False); without `source` the model is first recorded on
     `task` (a family name with `task_options`, or a checkpoint) like `icrl_interp.record`, with the probe spec
     `probe`, `baseline` (the random-init copy the probes compare with) and `batch_size`. `label` names the
-    source in the JSON (default: the recording's path, or the model's class and task). The other options
-    are those of `analyzers.verdict.run` and `causation`."""
+    source in the JSON (default: the recording's path, or the model's class and task). Seeds: `prompt_seed`
+    samples the tasks a model is recorded on, `split_seed` splits the recorded tasks and draws the bootstrap
+    resamples, `direction_seed` draws the causal evidence's random directions; the last two default to `seed`.
+    The other options are those of `verdicts.behaviour.run` and `causation`."""
+    split_seed, direction_seed = (seed if s is None else s for s in (split_seed, direction_seed))
     if source is None and model is None:
         raise UserError("give a recording, or a model with its task")
-    opts = dict(candidates=candidates, steps=steps, test_fraction=test_fraction, seed=seed, resamples=bootstrap,
+    opts = dict(candidates=candidates, steps=steps, test_fraction=test_fraction, seed=split_seed, resamples=bootstrap,
                 min_r2=min_r2)
     roles = None
     if model is not None and probe is not None:
-        from ..recording.recorder import spec_for
+        from ..recording.probe_spec import spec_for
 
         roles = dict(spec_for(model, probe).roles) or None
     if source is None:
@@ -112,22 +118,24 @@ def verdict(source=None, *, model=None, task=None, task_options: dict | None = N
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "verdict.h5"
             record_model(model, task, path, task_options=task_options, probe=probe, tasks=tasks,
-                         batch_size=batch_size, seed=record_seed, baseline=baseline, progress=progress)
+                         batch_size=batch_size, seed=prompt_seed, baseline=baseline, progress=progress)
             data = V.load(path, max_prompts)
         data.source = label or f"{type(model).__name__} on {data.task_family or 'its task'}"
     else:
         data = V.load(source, max_prompts)
         data.source = label or data.source
     if model is not None and roles is None and data.roles:
-        from ..recording.recorder import spec_for
+        from ..recording.probe_spec import spec_for
 
         roles = dict(spec_for(model, data.roles).roles)  # the modules the recording's own spec mapped
     cause = None
     if model is not None and causal:
         _check_editable(model, data, roles)
-        cause = causation(model, roles=roles, draws=causal_draws, max_tasks=causal_tasks, seed=seed, resamples=bootstrap,
-                          batch_size=batch_size)
-    return V.run(data, causation=cause, progress=progress, **opts)
+        cause = causation(model, roles=roles, draws=causal_draws, max_tasks=causal_tasks, seed=split_seed,
+                          resamples=bootstrap, batch_size=batch_size, direction_seed=direction_seed)
+    out = V.run(data, causation=cause, progress=progress, **opts)
+    out["settings"]["direction_seed"] = None if cause is None else int(direction_seed)
+    return out
 
 
 def _check_editable(model, data: V.VerdictData, roles: dict | None) -> None:

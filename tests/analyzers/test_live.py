@@ -90,7 +90,7 @@ def test_cache_is_bounded_and_pass_two_recomputes(tmp_path):
 def test_record_also_analyze_writes_the_recording_and_its_analysis(tmp_path):
     ck = tmp_path / "ck"
     assert cli.main(["construct", "sarsa", "--out", str(ck)]) == 0
-    base = ["record", str(ck), "--tasks", "40", "--batch-size", "16", "--seed", "2", "--quiet"]
+    base = ["record", str(ck), "--tasks", "40", "--batch-size", "16", "--prompt-seed", "2", "--no-progress"]
     assert cli.main([*base, "--out", str(tmp_path / "plain.h5")]) == 0
     assert cli.main([*base, "--out", str(tmp_path / "both.h5"), "--also-analyze", "--json",
                      str(tmp_path / "a.json")]) == 0

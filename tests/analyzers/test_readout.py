@@ -255,14 +255,14 @@ def test_tl_weights_file_of_another_width_is_nothing_analyzed(tmp_path, capsys):
 
 
 def test_one_failing_analyzer_does_not_lose_the_others(tmp_path, monkeypatch):
-    from icrl_interp.analyzers import streams
+    from icrl_interp.analyzers import kernel
 
     path = D.write_recording(tmp_path / "s.h5", "softmax-td", n_prompts=40, batch=20)
 
-    def boom(self, data, shared):
+    def boom(self, chunk):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr(streams.KernelStream, "update", boom)
+    monkeypatch.setattr(kernel.KernelStream, "update", boom)
     r = analyze(path)
     assert r["skipped"]["kernel_diagonality.layer0"].startswith("failed (internal error, RuntimeError): kernel exploded")
     assert r["sections"]["kernels"].startswith("failed")

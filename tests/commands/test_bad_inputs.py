@@ -23,7 +23,7 @@ from icrl_interp.core import outputs
 
 SHIPPED = Path(__file__).resolve().parents[2] / "data" / "checkpoints"
 CK = SHIPPED / "sarsa"  # a checkpoint of a control family, a few KiB
-TINY = ["--n-states", "2", "--n-actions", "2", "--n", "8", "--batch", "4", "--eval-tasks", "4"]
+TINY = ["--n-states", "2", "--n-actions", "2", "--n", "8", "--tasks-per-step", "4", "--eval-tasks", "4"]
 NOT_WRITABLE = Path("/proc")  # exists, and nobody (not even root) can create a file in it
 
 
@@ -205,7 +205,7 @@ ROWS = [
      "holds no checkpoints or recordings"),
     ("control-figure-unknown-suffix", ["control", "{t}/ck", "--figure", "{t}/x.xyz"], ck, "unknown file suffix '.xyz'"),
     ("demo-workers-zero", ["demo", "--out", "{t}/demo", "--workers", "0"], None, "--workers must be a positive integer"),
-    ("demo-prompts-zero", ["demo", "--out", "{t}/demo", "--prompts", "0"], None, "--prompts must be a positive integer"),
+    ("demo-prompts-zero", ["demo", "--out", "{t}/demo", "--tasks", "0"], None, "--tasks must be a positive integer"),
     ("analyze-head-out-of-range", ["analyze", "{t}/ck", "--head", "99"], ck, "1 attention head"),
     ("analyze-head-one-of-one", ["analyze", "{t}/ck", "--head", "1"], ck, "--head 1 does not exist"),  # heads count from 0
     ("analyze-head-negative", ["analyze", "{t}/ck", "--head", "-1"], ck, "--head must be a non-negative"),
@@ -245,32 +245,42 @@ ROWS = [
     ("construct-d-absurd", ["construct", "linear-td", "--out", "{t}/ck", "--d", "100000"], None,
      "--d 100000 needs ~2.33 TiB of memory for the parameters of theta*; "
      "this machine has 16 GiB: at most --d 8191 fits"),
-    ("construct-layers-absurd", ["construct", "linear-td", "--out", "{t}/ck", "--layers", str(10**6)], None,
-     f"--layers {10**6} needs ~"),
-    ("construct-states-absurd", ["construct", "sarsa", "--out", "{t}/ck", "--states", str(10**6)], None,
-     f"--states {10**6} needs ~"),
+    ("construct-layers-absurd", ["construct", "linear-td", "--out", "{t}/ck", "--n-layers", str(10**6)], None,
+     f"--n-layers {10**6} needs ~"),
+    ("construct-states-absurd", ["construct", "sarsa", "--out", "{t}/ck", "--n-states", str(10**6)], None,
+     f"--n-states {10**6} needs ~"),
     ("train-d-absurd", ["train", "linear-td", "--out", "{t}/run", "--d", "100000"], None, "--d 100000 needs ~"),
     ("train-layers-absurd", ["train", "linear-td", "--out", "{t}/run", "--n-layers", str(10**6)], None,
      f"--n-layers {10**6} needs ~"),
-    ("train-batch-absurd", ["train", "sarsa", "--out", "{t}/run", "--batch", BIG], None, f"--batch {BIG} needs ~"),
+    ("train-batch-absurd", ["train", "sarsa", "--out", "{t}/run", "--tasks-per-step", BIG], None,
+     f"--tasks-per-step {BIG} needs ~"),
     ("train-n-absurd", ["train", "sarsa", "--out", "{t}/run", "--n", str(10**9)], None, f"--n {10**9} needs ~"),
     ("train-eval-tasks-absurd", ["train", "sarsa", "--out", "{t}/run", "--eval-tasks", BIG], None,
      f"--eval-tasks {BIG} needs ~"),
     ("train-steps-absurd", ["train", "sarsa", "--out", "{t}/run", *TINY, "--steps", str(10**18)], None,
      "of checkpoints and metrics"),
-    ("control-steps-absurd", ["control", "{t}/ck", "--steps", BIG], ck, f"--steps {BIG} needs ~"),
+    ("control-steps-absurd", ["control", "{t}/ck", "--iterations", BIG], ck, f"--iterations {BIG} needs ~"),
     ("control-mdps-absurd", ["control", "{t}/ck", "--mdps", BIG], ck, f"--mdps {BIG} needs ~"),
     ("control-n-absurd", ["control", "{t}/ck", "--n", BIG], ck, f"--n {BIG} needs ~"),
     ("envs-tasks-absurd", ["envs", "boyan", "--tasks", BIG], None, f"--tasks {BIG} needs ~"),
-    ("envs-states-absurd", ["envs", "mdp", "--states", "100000"], None, "--states 100000 needs ~"),
-    ("construct-negative-seed", ["construct", "linear-td", "--out", "{t}/ck", "--seed", "-1"], None,
-     "--seed must be a non-negative integer"),
-    ("control-negative-seed", ["control", "{t}/ck", "--seed", "-1"], ck, "--seed must be a non-negative integer"),
+    ("envs-states-absurd", ["envs", "mdp", "--n-states", "100000"], None, "--n-states 100000 needs ~"),
+    ("construct-negative-seed", ["construct", "linear-td", "--out", "{t}/ck", "--prompt-seed", "-1"], None,
+     "--prompt-seed must be a non-negative integer"),
+    ("control-negative-seed", ["control", "{t}/ck", "--prompt-seed", "-1"], ck,
+     "--prompt-seed must be a non-negative integer"),
     ("train-negative-seed", ["train", "sarsa", "--out", "{t}/run", *TINY, "--seed", "-1"], None,
      "--seed must be a non-negative integer"),
-    ("envs-negative-seed", ["envs", "boyan", "--seed", "-1"], None, "--seed must be a non-negative integer"),
-    ("demo-negative-seed", ["demo", "--out", "{t}/demo", "--seed", "-1"], None, "--seed must be a non-negative integer"),
-    ("analyze-negative-seed", ["analyze", "{t}/ck", "--seed", "-1"], ck, "--seed must be a non-negative integer"),
+    ("envs-negative-seed", ["envs", "boyan", "--prompt-seed", "-1"], None,
+     "--prompt-seed must be a non-negative integer"),
+    ("demo-negative-seed", ["demo", "--out", "{t}/demo", "--prompt-seed", "-1"], None,
+     "--prompt-seed must be a non-negative integer"),
+    ("analyze-negative-seed", ["analyze", "{t}/ck", "--split-seed", "-1"], ck, "--split-seed must be a non-negative integer"),
+    ("record-negative-seed", ["record", "{t}/ck", "--out", "{t}/r.h5", "--prompt-seed", "-1"], ck,
+     "--prompt-seed must be a non-negative integer"),
+    ("causal-negative-split-seed", ["causal", "{t}/ck", "--layer", "0", "--split-seed", "-1"], ck,
+     "--split-seed must be an integer >= 0, got -1"),
+    ("causal-negative-direction-seed", ["causal", "{t}/ck", "--layer", "0", "--direction-seed", "-1"], ck,
+     "--direction-seed must be an integer >= 0, got -1"),
     ("analyze-negative-wang-alpha", ["analyze", "{t}/ck", "--wang-alpha", "-0.5"], ck,
      "--wang-alpha must be a non-negative TD step"),
     ("analyze-nan-wang-alpha", ["analyze", "{t}/ck", "--wang-alpha", "nan"], ck,
@@ -297,12 +307,12 @@ ROWS = [
     ("construct-scale-inf", ["construct", "linear-td", "--out", "{t}/ck", "--scale", "inf"], None,
      "--scale inf must be a finite number"),
     # --- sharded recordings and --device (docs/formats.md#sharded-recordings, docs/cli.md#devices)
-    ("record-shards-zero", ["record", "{t}/ck", "--out", "{t}/r.h5", "--tasks", "8", "--shards", "0", "--quiet"], ck,
+    ("record-shards-zero", ["record", "{t}/ck", "--out", "{t}/r.h5", "--tasks", "8", "--shards", "0", "--no-progress"], ck,
      "--shards must be a positive integer, got 0"),
     ("record-shards-more-than-batches", ["record", "{t}/ck", "--out", "{t}/r.h5", "--tasks", "8", "--batch-size", "4",
-                                         "--shards", "3", "--quiet"], ck, "splits into 1 to 2 shards"),
+                                         "--shards", "3", "--no-progress"], ck, "splits into 1 to 2 shards"),
     ("record-shards-resume-nothing", ["record", "{t}/ck", "--out", "{t}/r.h5", "--tasks", "8", "--batch-size", "4",
-                                      "--shards", "2", "--resume", "--quiet"], ck, "nothing to resume"),
+                                      "--shards", "2", "--resume", "--no-progress"], ck, "nothing to resume"),
     ("record-device-bogus", ["record", "{t}/ck", "--out", "{t}/r.h5", "--device", "bogus"], ck,
      "--device must be one of auto, cpu, cuda, got 'bogus'"),
     ("train-device-bogus", ["train", "sarsa", "--out", "{t}/run", *TINY, "--device", "gpu"], None,
@@ -425,9 +435,9 @@ ROWS += [
      "--tasks: not used on a recording"),
     ("verdict-recording-model-and-task", ["verdict", "{t}/r.h5", "--model", USER_NET, "--task", "linear-td", "--d", "4"],
      recording, "r.h5 brings its own task"),
-    ("verdict-recording-causal-options-without-model", ["verdict", "{t}/r.h5", "--causal-draws", "4", "--probe",
-                                                        "{t}/p.toml"], recording,
-     "--probe, --causal-draws: not used without the model"),
+    ("verdict-recording-causal-options-without-model", ["verdict", "{t}/r.h5", "--random-draws", "4", "--probe",
+                                                        "{t}/p.toml", "--direction-seed", "1"], recording,
+     "--probe, --random-draws, --direction-seed: not used without the model"),
     ("verdict-model-not-editable", ["verdict", "{t}/r.h5", "--model", USER_NET, "--bootstrap", "10"], recording,
      "cannot edit the model for the causal evidence: Net is not a TransformerLens model"),
     ("report-truncated-recording", ["report", "{t}/r.h5", "--out", "{t}/rep"], truncated, "truncated HDF5 file"),
@@ -497,7 +507,7 @@ def bad_models(t: Path) -> None:
 
 def user_model(command: str, func: str, *extra: str, file: str = "bad.py") -> list[str]:
     """argv running {t}/FILE:FUNC on 16 linear-td prompts (d 4, n 8) in batches of 4 (`extra` last: it wins)."""
-    out = {"record": ["--out", "{t}/r.h5", "--quiet"], "causal": ["--layer", "0"]}.get(command, [])
+    out = {"record": ["--out", "{t}/r.h5", "--no-progress"], "causal": ["--layer", "0"]}.get(command, [])
     return [command, *(["--live"] if command == "analyze" else []), "--model", f"{{t}}/{file}:{func}", "--task",
             "linear-td", "--d", "4", "--n", "8", "--probe", "{t}/roles.toml", *out,
             *(["--tasks", "16", "--batch-size", "4"] if command != "verdict" else []), *extra]
@@ -548,7 +558,7 @@ ROWS += [
 # --- absurd sizes: refused before torch is imported (issue 23, 4; BEFORE_TORCH below)
 ROWS += [
     ("record-tasks-float", ["record", "{t}/ck", "--out", "{t}/r.h5", "--tasks", "1e12"], ck,
-     "argument --tasks: invalid int value: '1e12'"),
+     "argument --tasks: expected int, got '1e12'"),
     ("record-tasks-absurd", ["record", "{t}/ck", "--out", "{t}/r.h5", "--tasks", BIG], ck,
      f"--tasks {BIG} would write ~"),
     ("record-model-tasks-absurd", user_model("record", "good", "--tasks", BIG), bad_models,
@@ -557,8 +567,8 @@ ROWS += [
      f"--tasks {BIG} would take ~"),
     ("analyze-live-model-tasks-absurd", user_model("analyze", "good", "--tasks", BIG), bad_models,
      f"--tasks {BIG} would take ~"),
-    ("construct-layers-untied-absurd", ["construct", "linear-td", "--out", "{t}/ck", "--layers", str(10**8),
-                                        "--untied"], None, f"--layers {10**8} needs ~"),
+    ("construct-layers-untied-absurd", ["construct", "linear-td", "--out", "{t}/ck", "--n-layers", str(10**8),
+                                        "--no-tied"], None, f"--n-layers {10**8} needs ~"),
     ("record-prompts-long", ["record", "{t}/sm", "--prompts", "{t}/long.npz", "--out", "{t}/r.h5"], long_prompt,
      "a prompt length (--prompts) of 20000 needs ~20.9 GiB of memory for one batch of the model and its "
      "random-init copy (prompts, task data, activations, attention patterns); this machine has 16 GiB: at most a "
@@ -610,9 +620,9 @@ def tiny_rec(tmp_path_factory):
     """A complete tiny recording of a linear-td theta* (the damaged-recording rows copy and edit it)."""
     global REC
     t = tmp_path_factory.mktemp("tiny-rec")
-    assert cli.main(["construct", "linear-td", "--out", str(t / "ck"), "--d", "2", "--n", "6", "--layers", "2"]) == 0
+    assert cli.main(["construct", "linear-td", "--out", str(t / "ck"), "--d", "2", "--n", "6", "--n-layers", "2"]) == 0
     REC = t / "r.h5"
-    assert cli.main(["record", str(t / "ck"), "--out", str(REC), "--tasks", "12", "--batch-size", "6", "--quiet"]) == 0
+    assert cli.main(["record", str(t / "ck"), "--out", str(REC), "--tasks", "12", "--batch-size", "6", "--no-progress"]) == 0
     return REC
 
 
@@ -672,7 +682,7 @@ def test_own_outputs_are_replaced_and_user_files_beside_them_survive(tmp_path, c
     """Re-running a command over its own JSON, PNG and report works; files the user keeps beside them stay."""
     ck(tmp_path)
     a, png, rep = tmp_path / "a.json", tmp_path / "c.png", tmp_path / "rep"
-    control = ["control", str(tmp_path / "ck"), "--mdps", "2", "--steps", "2", "--no-progress", "--json", str(a),
+    control = ["control", str(tmp_path / "ck"), "--mdps", "2", "--iterations", "2", "--no-progress", "--json", str(a),
                "--figure", str(png)]
     assert cli.main(control) == 0 and cli.main(control) == 0
     assert outputs.is_ours(png) and outputs.is_ours(a)

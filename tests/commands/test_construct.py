@@ -20,11 +20,11 @@ def _cli(capsys, *argv):
 
 @pytest.mark.parametrize("argv,family,kw", [
     ([], "linear-td", dict(d=4, n_layers=3, gamma=0.9)),
-    (["--untied", "--layers", "2", "--alpha", "0.4", "--scale", "-2"], "linear-td", dict(d=4, n_layers=2, gamma=0.9, alpha=0.4, c=-2.0, tied=False)),
+    (["--no-tied", "--n-layers", "2", "--alpha", "0.4", "--scale", "-2"], "linear-td", dict(d=4, n_layers=2, gamma=0.9, alpha=0.4, c=-2.0, tied=False)),
     ([], "softmax-td", dict(d=5, n_layers=6, gamma=0.9)),
-    (["--form", "dual", "--score-scale", "4", "--states", "3", "--gamma", "0.8"], "softmax-td", dict(d=3, n_layers=6, gamma=0.8, form="dual", score_scale=4.0)),
+    (["--form", "dual", "--score-scale", "4", "--n-states", "3", "--gamma", "0.8"], "softmax-td", dict(d=3, n_layers=6, gamma=0.8, form="dual", score_scale=4.0)),
     ([], "sarsa", dict(d=36, n_layers=1, gamma=0.5)),
-    (["--states", "2", "--actions", "3", "--scale", "0.5", "--alpha", "2"], "sarsa", dict(d=6, n_layers=1, gamma=0.5, c=0.5, alpha=2.0)),
+    (["--n-states", "2", "--n-actions", "3", "--scale", "0.5", "--alpha", "2"], "sarsa", dict(d=6, n_layers=1, gamma=0.5, c=0.5, alpha=2.0)),
 ])
 def test_construct_writes_theta_star(argv, family, kw, tmp_path, capsys):
     out = tmp_path / "ck"
@@ -45,10 +45,10 @@ def test_construct_writes_theta_star(argv, family, kw, tmp_path, capsys):
 @pytest.mark.parametrize("argv,words", [
     (["construct", "softmax-td", "--d", "4"], ["one-hot", "d = number of states (5)"]),
     (["construct", "sarsa", "--d", "7"], ["states*actions = 36"]),
-    (["construct", "linear-td", "--layers", "0"], ["n_layers"]),
+    (["construct", "linear-td", "--n-layers", "0"], ["n_layers"]),
     (["construct", "linear-td", "--gamma", "1.2"], ["gamma"]),
     (["construct", "softmax-td", "--scale", "2"], ["unrecognized arguments: --scale"]),
-    (["construct", "linear-td", "--layers", "two"], ["--layers", "expected int"]),
+    (["construct", "linear-td", "--n-layers", "two"], ["--n-layers", "expected int"]),
 ])
 def test_construct_errors_are_one_line(argv, words, tmp_path, capsys):
     rc, out, err = _cli(capsys, *argv, "--out", str(tmp_path / "ck"))

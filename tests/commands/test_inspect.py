@@ -16,13 +16,14 @@ def _cli(capsys, *argv):
 
 def test_inspect_prints_config_and_parameters(tmp_path, capsys):
     out = tmp_path / "ck"
-    assert _cli(capsys, "construct", "softmax-td", "--out", str(out), "--untied", "--layers", "2", "--form", "dual")[0] == 0
+    assert _cli(capsys, "construct", "softmax-td", "--out", str(out), "--no-tied", "--n-layers", "2", "--form", "dual")[0] == 0
     rc, text, _ = _cli(capsys, "inspect", str(out))
     assert rc == 0
     for word in ("softmax-td", "dual", checkpoint.sha256(out), "current_mem [7, 8)", "blocks.1.attn.V_target", "8x8"):
         assert word in text
-    rc, text, _ = _cli(capsys, "inspect", str(out), "--json")
-    data = json.loads(text)
+    rc, text, _ = _cli(capsys, "inspect", str(out), "--json", str(tmp_path / "i.json"))
+    data = json.loads((tmp_path / "i.json").read_text())
+    assert rc == 0 and "current_mem [7, 8)" in text  # the text is printed too
     assert data["parameters"]["blocks.0.attn.A"]["shape"] == [8, 8] and data["parameters"]["blocks.0.attn.A"]["nonzeros"] == 5
     assert data["config"]["model"]["form"] == "dual" and data["sha256"] == checkpoint.sha256(out)
 

@@ -30,11 +30,12 @@ def test_actor_critic_critic_step_defaults_to_alpha(tmp_path, extra, beta):
     from safetensors.numpy import load_file
 
     out = tmp_path / "ac"
-    argv = ["construct", "actor-critic", "--out", str(out), "--states", "2", "--actions", "2", "--n", "6",
+    argv = ["construct", "actor-critic", "--out", str(out), "--n-states", "2", "--n-actions", "2", "--n", "6",
             "--alpha", "3", *extra]
     assert cli.main(argv) == 0
     config = json.loads((out / "config.json").read_text())
-    assert config["model"]["alpha"] == 3.0 and config["origin"]["beta"] == beta  # exact: the flag's value, stored
+    assert config["model"]["alpha"] == 3.0 and config["origin"]["critic_step"] == beta  # exact: the flag's value
+    assert "beta" not in config["origin"]
     V_ = load_file(str(out / "model.safetensors"))["blocks.0.attn.V"]
     lay = registry.get("actor-critic").layout(4, 4)
     np.testing.assert_array_equal(V_[lay.slice("w"), lay.slice("phi")], beta * np.eye(4))  # critic: beta I, exact
@@ -43,8 +44,8 @@ def test_actor_critic_critic_step_defaults_to_alpha(tmp_path, extra, beta):
 
 def test_construct_options_say_the_critic_step_default():
     opts = registry.get("actor-critic").construct(alpha=7.0)
-    assert opts.constants()["beta"] == 7.0
-    assert registry.get("actor-critic").construct(alpha=7.0, critic_step=0.25).constants()["beta"] == 0.25
+    assert opts.constants()["critic_step"] == 7.0
+    assert registry.get("actor-critic").construct(alpha=7.0, critic_step=0.25).constants()["critic_step"] == 0.25
 
 
 # ------------------------------------------------------------------ the verdict with a recording and its model
@@ -61,7 +62,7 @@ def net_recording(tmp_path_factory):
     model = Net()
     from icrl_interp import record
 
-    record(model, "linear-td", t / "net.h5", task_options={"d": 4, "n": 6, "layers": 2}, probe=t / "roles.toml",
+    record(model, "linear-td", t / "net.h5", task_options={"d": 4, "n": 6, "n_layers": 2}, probe=t / "roles.toml",
            tasks=24, batch_size=12, progress=False, baseline="none")
     return t / "net.h5", model
 

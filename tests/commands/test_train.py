@@ -1,5 +1,6 @@
 """`icrl-interp train FAMILY`: one sub-command per family with a training recipe, its flags from the
-family's TrainConfig fields (old spellings kept as aliases), another family's flags refused."""
+family's TrainConfig fields (old spellings refused: tests/commands/test_vocabulary.py), another family's flags
+refused."""
 import dataclasses
 import json
 import subprocess
@@ -11,7 +12,7 @@ from icrl_interp import cli
 from icrl_interp.commands.train import config_from_args
 from icrl_interp.train import config_classes, config_for
 
-SARSA = dict(n_states=2, n_actions=2, n=8, batch=4, eval_tasks=4)
+SARSA = dict(n_states=2, n_actions=2, n=8, tasks_per_step=4, eval_tasks=4)
 
 
 def _parse(*argv):
@@ -68,27 +69,28 @@ def test_unknown_family_is_refused(capsys):
     assert e.value.code == 2 and "invalid choice: 'rnn'" in capsys.readouterr().err
 
 
-# Every flag of the earlier hand-written table, with the field it set (and the families that had the field).
-OLD_FLAGS = {
+# Every flag of the earlier hand-written table (in the vocabulary's spelling), with the field it sets.
+FLAGS = {
     "--steps": ("steps", "7"), "--seed": ("seed", "3"), "--lr": ("lr", "0.5"), "--lr-decay": ("lr_decay", "0.5"),
     "--lr-decay-every": ("lr_decay_every", "4"), "--weight-decay": ("weight_decay", "0.25"),
     "--init-gain": ("init_gain", "0.3"), "--dtype": ("dtype", "float64"), "--checkpoint-every": ("checkpoint_every", "5"),
     "--log-every": ("log_every", "2"), "--eval-tasks": ("eval_tasks", "9"), "--d": ("d", "3"),
-    "--states": ("n_states", "4"), "--actions": ("n_actions", "3"), "--n": ("n", "11"), "--layers": ("n_layers", "2"),
-    "--gamma": ("gamma", "0.25"), "--alpha": ("alpha", "0.75"), "--beta": ("beta", "1.5"), "--form": ("form", "dual"),
-    "--objective": ("objective", "td"), "--batch": ("batch", "8"), "--tasks-per-step": ("tasks_per_step", "6"),
+    "--n-states": ("n_states", "4"), "--n-actions": ("n_actions", "3"), "--n": ("n", "11"),
+    "--n-layers": ("n_layers", "2"), "--gamma": ("gamma", "0.25"), "--alpha": ("alpha", "0.75"), "--beta": ("beta", "1.5"),
+    "--critic-step": ("critic_step", "0.625"), "--form": ("form", "dual"), "--objective": ("objective", "td"),
+    "--tasks-per-step": ("tasks_per_step", "6"),
     "--windows": ("windows", "7"), "--trajectories-per-task": ("trajectories_per_task", "2"),
     "--w-std": ("w_std", "0.125"), "--lam-std": ("lam_std", "0.375"), "--epsilon": ("epsilon", "0.5"),
 }
-OLD_BOOLS = {"--tied": "tied", "--masks": "masks", "--lazy-ablation": "lazy_ablation", "--span-projection": "span_projection"}
+BOOLS = {"--tied": "tied", "--masks": "masks", "--lazy-ablation": "lazy_ablation", "--span-projection": "span_projection"}
 OBJECTIVES = {"linear-td": "msve", "softmax-td": "td"}
 
 
 @pytest.mark.parametrize("family", ["linear-td", "softmax-td", "sarsa", "actor-critic"])
-def test_every_old_flag_still_sets_its_field(family):
+def test_every_flag_sets_its_field(family):
     fields = {f.name for f in dataclasses.fields(config_classes()[family])}
     argv, want = [family, "--out", "x"], {}
-    for flag, (name, value) in OLD_FLAGS.items():
+    for flag, (name, value) in FLAGS.items():
         if name in fields:
             value = OBJECTIVES.get(family, value) if name == "objective" else value
             argv += [flag, value]
@@ -96,19 +98,22 @@ def test_every_old_flag_still_sets_its_field(family):
     args = _parse(*argv)
     for name, value in want.items():
         assert str(getattr(args, name)) == value, (family, name)
-    for flag, name in OLD_BOOLS.items():
+    for flag, name in BOOLS.items():
         if name in fields and not (family == "actor-critic" and name == "span_projection"):
             assert getattr(_parse(family, "--out", "x", flag), name) is True
             assert getattr(_parse(family, "--out", "x", "--no-" + flag[2:]), name) is False
     assert set(want) <= fields
 
 
-def test_new_flag_spellings_and_config_file_precedence(tmp_path):
+def test_config_file_precedence_and_its_old_field_names(tmp_path):
+    """Flags override the --config file; a file written before a field was renamed (`batch`, now
+    `tasks_per_step`) is read under the new name."""
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"family": "sarsa", "n_states": 5, "batch": 7, "run_id": "ignored"}))
     args = _parse("sarsa", "--out", "x", "--config", str(path), "--n-states", "3", "--n-actions", "2", "--lazy-ablation")
-    cfg = config_from_args(args)
-    assert cfg == config_for("sarsa", n_states=3, n_actions=2, batch=7, lazy_ablation=True)
+    cfg = config_from_args(args, args.config)
+    assert cfg == config_for("sarsa", n_states=3, n_actions=2, tasks_per_step=7, lazy_ablation=True)
+    assert cfg.tasks_per_step == 7 and "batch" not in cfg.to_dict()
 
 
 def test_help_shows_only_the_family_fields_with_their_docstrings():
@@ -116,10 +121,10 @@ def test_help_shows_only_the_family_fields_with_their_docstrings():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    assert "--lazy-ablation" in text and "--w-std" in text and "--out" in text and "--states" in text
+    assert "--lazy-ablation" in text and "--w-std" in text and "--out" in text and "--n-states" in text
     assert "Ablation: Xavier-initialise the lazy blocks P22 and V22 too" in text  # the field docstring
     assert "Adam learning rate at step 0. (default: 0.001)" in text  # inherited docstring, the family's default
-    for other in ("--windows", "--tasks-per-step", "--lam-std", "--masks", "--form", "--family"):
+    for other in ("--windows", "--trajectories-per-task", "--lam-std", "--masks", "--form", "--family", "--states"):
         assert other not in text
     families = subprocess.run([sys.executable, "-m", "icrl_interp.cli", "train", "--help"], capture_output=True,
                               text=True, timeout=120)

@@ -121,7 +121,7 @@ def test_record_on_cuda_without_one_creates_nothing(tmp_path, no_cuda):
 
 
 @pytest.mark.parametrize("argv", [
-    ["record", "{t}/ck", "--out", "{t}/r.h5", "--tasks", "8", "--quiet"],
+    ["record", "{t}/ck", "--out", "{t}/r.h5", "--tasks", "8", "--no-progress"],
     ["train", "sarsa", "--out", "{t}/run", "--n-states", "2", "--n-actions", "2", "--steps", "2", "--no-progress"],
     ["control", "{t}/ck", "--mdps", "2", "--no-progress"],
     ["causal", "{t}/ck", "--layer", "0", "--tasks", "8"],

@@ -19,7 +19,7 @@ from icrl_interp.models import user
 from icrl_interp.recording.format import Recording
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-TASK_FLAGS = ["--task", "linear-td", "--d", "4", "--n", "30", "--layers", "3"]
+TASK_FLAGS = ["--task", "linear-td", "--d", "4", "--n", "30", "--n-layers", "3"]
 TINY_TRAIN = {"batch_size": 32, "held_out_size": 128, "log_every": 0}
 N_PROMPTS = 256
 CANONICAL = [f"blocks.{l}.{h}" for l in (0, 1) for h in ("hook_resid_post", "attn.hook_pattern")]
@@ -159,7 +159,7 @@ def test_cli_record_analyze_causal(python_runs, which, tmp_path, capsys):
     model = [f"{_run_all().MODELS[which]['file']}:make", "--weights", weights]
     h5, js, cj = tmp_path / "r.h5", tmp_path / "a.json", tmp_path / "c.json"
     assert cli.main(["record", "--model", *model, *TASK_FLAGS, *_probe_flags(which), "--tasks", "64",
-                     "--batch-size", "32", "--baseline", "none", "--out", str(h5), "--quiet"]) == 0
+                     "--batch-size", "32", "--baseline", "none", "--out", str(h5), "--no-progress"]) == 0
     with Recording(h5) as rec:
         assert set(CANONICAL) <= set(rec.hooks()) and rec.n_prompts == 64
         assert rec.array("outputs/model").shape == (64, 1)
@@ -178,7 +178,7 @@ def test_cli_record_analyze_causal(python_runs, which, tmp_path, capsys):
 def test_cli_refuses_the_torch_model_without_its_probe_spec(python_runs, tmp_path, capsys):
     weights = str(python_runs["torch"]["paths"]["weights"])
     code = cli.main(["record", "--model", f"{EXAMPLES / 'torch_model.py'}:make", "--weights", weights, *TASK_FLAGS,
-                     "--tasks", "8", "--out", str(tmp_path / "r.h5"), "--quiet"])
+                     "--tasks", "8", "--out", str(tmp_path / "r.h5"), "--no-progress"])
     assert code != 0 and not (tmp_path / "r.h5").exists()
     assert "not a TransformerLens model" in capsys.readouterr().err
 

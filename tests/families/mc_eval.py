@@ -89,20 +89,20 @@ class Construct:
     """Feature dimension."""
     n: int = 24
     """Context length."""
-    layers: int = 4
+    n_layers: int = 4
     """Number of layers (= MC regression steps)."""
     gamma: float = 0.8
     """Discount of the returns."""
     alpha: float = 0.5
     """Step size."""
-    states: int = 6
+    n_states: int = 6
     """States of the Boyan chains."""
 
     def plan(self) -> registry.ConstructPlan:
         return registry.ConstructPlan(
-            model={"d": self.d, "n_layers": self.layers, "gamma": self.gamma, "alpha": self.alpha, "dtype": "float64"},
+            model={"d": self.d, "n_layers": self.n_layers, "gamma": self.gamma, "alpha": self.alpha, "dtype": "float64"},
             constants={},
-            task={"family": NAME, "kind": "boyan", "n": self.n, "n_states": self.states, "features": "random"})
+            task={"family": NAME, "kind": "boyan", "n": self.n, "n_states": self.n_states, "features": "random"})
 
 
 FAMILY = registry.register(registry.Family(

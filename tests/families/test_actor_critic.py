@@ -61,12 +61,12 @@ def _ac_model(d, m, gamma=GAMMA, alpha=1.0, beta=1.0, c=1.0):
 
 
 def _save(out, n_states=3, n_actions=2, n=64, alpha=1.0, beta=1.0, c=1.0):
-    return construct("actor-critic", {"states": n_states, "actions": n_actions, "n": n, "alpha": alpha,
+    return construct("actor-critic", {"n_states": n_states, "n_actions": n_actions, "n": n, "alpha": alpha,
                                       "critic_step": beta, "scale": c}, out)
 
 
 def _steps(config):
-    return config.model.alpha, config.constants["beta"]
+    return config.model.alpha, config.constants["critic_step"]
 
 
 def _prompt(x):
@@ -214,7 +214,7 @@ def test_checkpoint_round_trip_and_steps(tmp_path):
     plain_config = checkpoint.make_config(ModelConfig("actor-critic", 6, m=6, alpha=2.0), {"origin": {"kind": "x"}})
     assert _steps(plain_config) == (2.0, 2.0)
     trained = checkpoint.make_config(ModelConfig("actor-critic", 6, m=6, alpha=2.0),
-                                     {"origin": {"kind": "trained"}, "training": {"beta": 0.1}})
+                                     {"origin": {"kind": "trained"}, "training": {"critic_step": 0.1}})
     assert _steps(trained) == (2.0, 0.1)
 
 

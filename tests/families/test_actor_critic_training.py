@@ -12,19 +12,19 @@ from icrl_interp.train.trainer import build
 
 
 def _cfg(**kw):
-    return config_for("actor-critic", **{**dict(n_states=3, n_actions=2, n=12, batch=10, eval_tasks=16,
-                                                dtype="float64", alpha=2.0, beta=0.5, lam_std=0.7), **kw})
+    return config_for("actor-critic", **{**dict(n_states=3, n_actions=2, n=12, tasks_per_step=10, eval_tasks=16,
+                                                dtype="float64", alpha=2.0, critic_step=0.5, lam_std=0.7), **kw})
 
 
 def test_teacher_is_the_reference_step_and_theta_star_mimics_it():
     cfg = _cfg()
     b = AC.sample_actor_critic(cfg, np.random.default_rng(0))
     d = 6
-    want = actor_critic.reference_step(b.z.numpy(), d, d, cfg.gamma, cfg.alpha, cfg.beta)
+    want = actor_critic.reference_step(b.z.numpy(), d, d, cfg.gamma, cfg.alpha, cfg.critic_step)
     np.testing.assert_allclose(b.target.numpy(), want["output"], atol=1e-12)
     np.testing.assert_array_equal(b.w.numpy(), np.concatenate([want["w"], want["lam"]], -1))  # exact: copies
     for c in (1.0, -0.5):
-        model = theta_star_model("actor-critic", d, m=d, gamma=cfg.gamma, alpha=cfg.alpha, beta=cfg.beta, c=c)
+        model = theta_star_model("actor-critic", d, m=d, gamma=cfg.gamma, alpha=cfg.alpha, critic_step=cfg.critic_step, c=c)
         assert AC.mimicking_loss(model, b).item() < 1e-24
     assert AC.TRAINING.objective(cfg) is AC.mimicking_loss
 
@@ -39,7 +39,7 @@ def test_model_and_task_of_the_config():
 
 def test_evaluation_and_trend_series_of_theta_star():
     cfg = _cfg()
-    model = theta_star_model("actor-critic", 6, m=6, gamma=cfg.gamma, alpha=cfg.alpha, beta=cfg.beta, c=1.5)
+    model = theta_star_model("actor-critic", 6, m=6, gamma=cfg.gamma, alpha=cfg.alpha, critic_step=cfg.critic_step, c=1.5)
     m = AC.evaluate(model, cfg, np.random.default_rng(1))
     assert m["loss"] < 1e-24 and abs(m["scale_c"] - 1.5) < 1e-9 and m["rel_err_P12"] < 1e-9
     assert m["block_scales"]["critic"] == pytest.approx(1.5) and m["block_scales"]["actor"] == pytest.approx(1.5)

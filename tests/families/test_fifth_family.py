@@ -32,7 +32,7 @@ def mc(monkeypatch):
 
 def test_mc_family_theta_star_is_exact_on_random_instances(mc, tmp_path):
     out = tmp_path / "ck"
-    assert main(["construct", "mc-eval", "--out", str(out), "--layers", "5", "--alpha", "0.3", "--gamma", "0.7"]) == 0
+    assert main(["construct", "mc-eval", "--out", str(out), "--n-layers", "5", "--alpha", "0.3", "--gamma", "0.7"]) == 0
     config, _ = checkpoint.read(out)
     assert config.family == config.task.family == "mc-eval" and config.model.architecture == "linear-attention"
     model = checkpoint.load(out)
@@ -51,8 +51,8 @@ def test_mc_family_theta_star_is_exact_on_random_instances(mc, tmp_path):
 
 def test_mc_family_records_analyzes_and_reports(mc, tmp_path):
     ck, rec, report = tmp_path / "ck", tmp_path / "rec.h5", tmp_path / "report"
-    assert main(["construct", "mc-eval", "--out", str(ck), "--layers", "3"]) == 0
-    assert main(["record", str(ck), "--out", str(rec), "--tasks", "64", "--batch-size", "32", "--quiet"]) == 0
+    assert main(["construct", "mc-eval", "--out", str(ck), "--n-layers", "3"]) == 0
+    assert main(["record", str(ck), "--out", str(rec), "--tasks", "64", "--batch-size", "32", "--no-progress"]) == 0
     assert main(["analyze", str(rec), "--json", str(tmp_path / "a.json"), "--workers", "1", "--no-progress"]) == 0
     res = json.loads((tmp_path / "a.json").read_text())
     assert res["family"] == "mc-eval" and res["task_family"] == "mc-eval" and res["architecture"] == "linear-attention"

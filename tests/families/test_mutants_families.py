@@ -57,18 +57,18 @@ def test_sampler_uses_the_checkpoints_context_length(family, n):
         np.testing.assert_array_equal(pb.prompt.rewards[:, n], 0.0)  # the last column carries no reward (a literal 0)
 
 
-# ------------------------------------------------------------ actor-critic beta
+# ------------------------------------------------------------ actor-critic critic step (beta)
 @pytest.mark.parametrize("origin,training,beta", [
-    ({"kind": "theta_star", "beta": 0.3}, {"beta": 0.7}, 0.3),  # origin.beta first
-    ({"kind": "trained"}, {"beta": 0.7}, 0.7),  # then training.beta
-    ({"kind": "trained", "beta": None}, {"beta": 0.7}, 0.7),  # a null origin.beta is no beta
+    ({"kind": "theta_star", "critic_step": 0.3}, {"critic_step": 0.7}, 0.3),  # origin.critic_step first
+    ({"kind": "trained"}, {"critic_step": 0.7}, 0.7),  # then training.critic_step
+    ({"kind": "trained", "critic_step": None}, {"critic_step": 0.7}, 0.7),  # a null origin value is none
     ({"kind": "trained"}, {"lr": 1e-3}, ALPHA),  # else the actor step alpha
     ({"kind": "trained"}, None, ALPHA),
 ])
 def test_actor_critic_critic_step_lookup_order(origin, training, beta):
     cfg = _config("actor-critic", origin=origin, training=training)
-    assert actor_critic.read_constants(cfg)["beta"] == beta
-    assert cfg.constants["beta"] == beta
+    assert actor_critic.read_constants(cfg)["critic_step"] == beta
+    assert cfg.constants["critic_step"] == beta
     assert actor_critic.control(cfg).beta == beta and actor_critic.control(cfg).alpha == ALPHA
     lay = cfg.model.layout
     V = cfg.theta_star()["blocks.0.attn.V"]

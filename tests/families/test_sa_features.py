@@ -119,7 +119,7 @@ def test_theta_star_is_exact_on_random_features(kind):
 
 
 def test_construct_record_and_control_see_the_feature_map(tmp_path):
-    out = construct("sarsa", {"states": 3, "actions": 2, "n": 12, "d": 4, "sa_features": "uniform",
+    out = construct("sarsa", {"n_states": 3, "n_actions": 2, "n": 12, "d": 4, "sa_features": "uniform",
                               "sa_randomness": 0.5}, tmp_path / "sa")
     config, _ = checkpoint.read(out)
     assert (config.model.d, config.task.sa_features, config.task.sa_randomness) == (4, "uniform", 0.5)
@@ -130,12 +130,12 @@ def test_construct_record_and_control_see_the_feature_map(tmp_path):
     algo = sarsa.control(config)
     assert (algo.sa_features, algo.d, algo.sa_randomness) == ("uniform", 4, 0.5)
     # one-hot checkpoints read as before: no feature keys in their task, and the defaults are one-hot
-    hot = construct("sarsa", {"states": 3, "actions": 2, "n": 12}, tmp_path / "hot")
+    hot = construct("sarsa", {"n_states": 3, "n_actions": 2, "n": 12}, tmp_path / "hot")
     cfg_hot, _ = checkpoint.read(hot)
     assert cfg_hot.task.sa_features == "onehot" and cfg_hot.task.sa_randomness == 1.0
     assert "sa_features" not in S.mdp_task(config_for("sarsa"))
     with raises_user("d must be states*actions = 6"):
-        construct("sarsa", {"states": 3, "actions": 2, "d": 4}, tmp_path / "bad")
+        construct("sarsa", {"n_states": 3, "n_actions": 2, "d": 4}, tmp_path / "bad")
     with raises_user("m must equal d"):
         actor_critic.tabular_policy_features(4, 5, 3, 2, "gaussian")
 

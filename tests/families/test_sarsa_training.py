@@ -13,7 +13,7 @@ from icrl_interp.train.util import lazy_slice
 
 
 def test_sarsa_teacher_is_the_reference_update_and_theta_star_mimics_it():
-    cfg = config_for("sarsa", n_states=3, n_actions=2, n=16, batch=20, epsilon=0.3, dtype="float64")
+    cfg = config_for("sarsa", n_states=3, n_actions=2, n=16, tasks_per_step=20, epsilon=0.3, dtype="float64")
     b = S.sample_sarsa(cfg, np.random.default_rng(0))
     d = 6
     z = b.z.numpy()
@@ -41,7 +41,7 @@ def test_evaluation_of_theta_star_is_on_the_manifold():
 
 
 def _cfg(**kw):
-    return config_for("sarsa", **{**dict(n_states=2, n_actions=2, n=8, batch=4, eval_tasks=4, steps=30,
+    return config_for("sarsa", **{**dict(n_states=2, n_actions=2, n=8, tasks_per_step=4, eval_tasks=4, steps=30,
                                          checkpoint_every=10, log_every=1, lr=0.05), **kw})
 
 

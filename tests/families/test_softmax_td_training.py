@@ -13,7 +13,8 @@ from icrl_interp.train.trainer import build
 
 
 def _softmax(**kw):
-    return config_for("softmax-td", **{**dict(n_states=5, n=30, n_layers=4, batch=6, beta=1.5, dtype="float64"), **kw})
+    return config_for("softmax-td", **{**dict(n_states=5, n=30, n_layers=4, tasks_per_step=6, beta=1.5,
+                                              dtype="float64"), **kw})
 
 
 def test_state_queries_put_each_state_in_the_query():
@@ -32,7 +33,7 @@ def test_neu_matches_weighted_softmax_td(form):
     cfg = _softmax(form=form)
     b = S.sample_state_queries(cfg, np.random.default_rng(3))
     model = theta_star_model("softmax-td", cfg.n_states, n_layers=cfg.n_layers, gamma=cfg.gamma, alpha=0.8, form=form)
-    n_s, B = cfg.n_states, cfg.batch
+    n_s, B = cfg.n_states, cfg.tasks_per_step
     z = b.z.numpy().reshape(B * n_s, cfg.n + 1, -1)
     tr = reference.weighted_softmax_td(z[:, :, :n_s], z[:, :-1, n_s], cfg.gamma, 0.8, cfg.n_layers)
     v = tr.values[:, -1, -1].reshape(B, n_s)
@@ -44,7 +45,7 @@ def test_neu_matches_weighted_softmax_td(form):
 
 
 def _tiny(**kw):
-    return config_for("softmax-td", **{**dict(n_states=3, n=8, n_layers=2, batch=4, eval_tasks=4, steps=6,
+    return config_for("softmax-td", **{**dict(n_states=3, n=8, n_layers=2, tasks_per_step=4, eval_tasks=4, steps=6,
                                               checkpoint_every=2, log_every=1, lr=0.05), **kw})
 
 
@@ -73,8 +74,8 @@ def test_adjust_init_returns_the_gradient_masks_only_with_masks():
 # the semi-gradient TD objective the tiny run reaches Assumption 5.1's threshold (1 + gamma)/2 on
 # average (measured: min diag 0.11 -> 0.83).
 def _xie(objective):
-    return config_for("softmax-td", objective=objective, n_states=4, n=60, n_layers=3, gamma=0.5, beta=2.0, batch=16,
-                      steps=150, lr=0.03, eval_tasks=32, checkpoint_every=150)
+    return config_for("softmax-td", objective=objective, n_states=4, n=60, n_layers=3, gamma=0.5, beta=2.0,
+                      tasks_per_step=16, steps=150, lr=0.03, eval_tasks=32, checkpoint_every=150)
 
 
 @pytest.mark.parametrize("objective", ["td", "neu"])

@@ -67,7 +67,7 @@ FAMILIES = ["linear-td", "softmax-td", "sarsa", "actor-critic"]
 PROMPTS = ["--tasks", "16", "--batch-size", "8"]
 """Every recording and live analysis: 16 prompts (one task each), two batches."""
 SEED = "0"
-USER_TASK = ["--task", "linear-td", "--d", "4", "--n", "30", "--layers", "3"]
+USER_TASK = ["--task", "linear-td", "--d", "4", "--n", "30", "--n-layers", "3"]
 """The task the examples' models read (examples/README.md)."""
 
 # ------------------------------------------------------------------ the one list of what may vary
@@ -95,7 +95,7 @@ ONE_THREAD = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
 # ------------------------------------------------------------------ what is run
 def cases(work: Path) -> list[tuple[str | None, list[str]]]:
     """(name of the golden output, or None for a step that only prepares a file; the argv). A named case
-    writes work/NAME.json with --json; `inspect --json` prints its JSON instead."""
+    writes work/NAME.json with --json."""
     w = lambda name: str(work / name)  # noqa: E731
     run: list[tuple[str | None, list[str]]] = []
 
@@ -105,28 +105,30 @@ def cases(work: Path) -> list[tuple[str | None, list[str]]]:
     for fam in FAMILIES:
         ck = str(SHIPPED / fam)
         case(f"analyze-checkpoint-{fam}", "analyze", ck)
-        run.append((None, ["record", ck, "--out", w(f"{fam}.h5"), *PROMPTS, "--seed", SEED, "--quiet"]))
+        run.append((None, ["record", ck, "--out", w(f"{fam}.h5"), *PROMPTS, "--prompt-seed", SEED, "--no-progress"]))
         case(f"analyze-recording-{fam}", "analyze", w(f"{fam}.h5"))
         case(f"analyze-live-{fam}", "analyze", ck, "--live", *PROMPTS, "--prompt-seed", SEED)
-        run.append((f"inspect-{fam}", ["inspect", ck, "--json"]))
+        case(f"inspect-{fam}", "inspect", ck)
     case("record-also-analyze-linear-td", "record", str(SHIPPED / "linear-td"), "--out", w("also.h5"), *PROMPTS,
-         "--seed", SEED, "--quiet", "--also-analyze")
+         "--prompt-seed", SEED, "--no-progress", "--also-analyze")
     for fam in FAMILIES:
         case(f"format_v1-analyze-checkpoint-{fam}", "analyze", str(FORMAT_V1 / f"ckpt-{fam}"))
         case(f"format_v1-analyze-recording-{fam}", "analyze", str(FORMAT_V1 / f"rec-{fam}.h5"))
-    run.append(("format_v1-inspect-linear-td", ["inspect", str(FORMAT_V1 / "ckpt-linear-td"), "--json"]))
+    case("format_v1-inspect-linear-td", "inspect", str(FORMAT_V1 / "ckpt-linear-td"))
     for which, probe in (("torch", ["--probe", str(EXAMPLES / "torch_model.toml")]), ("tl", [])):
         model = ["--model", f"{EXAMPLES / f'{which}_model.py'}:make", "--weights", w(f"{which}.safetensors"),
                  *USER_TASK, *probe]
-        run.append((None, ["record", *model, "--out", w(f"user-{which}.h5"), *PROMPTS, "--seed", SEED, "--quiet"]))
+        run.append((None, ["record", *model, "--out", w(f"user-{which}.h5"), *PROMPTS, "--prompt-seed", SEED,
+                           "--no-progress"]))
         case(f"user-{which}-analyze-recording", "analyze", w(f"user-{which}.h5"))
         case(f"user-{which}-analyze-live", "analyze", "--live", *model, *PROMPTS, "--prompt-seed", SEED)
     ck = str(SHIPPED / "linear-td")
-    case("verdict-checkpoint-linear-td", "verdict", ck, "--tasks", "32", "--batch-size", "16", "--record-seed", SEED,
-         "--seed", SEED, "--bootstrap", "20", "--causal-draws", "2", "--causal-tasks", "8")
-    case("verdict-recording-linear-td", "verdict", w("linear-td.h5"), "--seed", SEED, "--bootstrap", "20")
-    case("causal-linear-td", "causal", ck, "--layer", "0", "--tasks", "32", "--seed", SEED, "--random-draws", "2",
-         "--bootstrap", "20", "--steer", "1")
+    case("verdict-checkpoint-linear-td", "verdict", ck, "--tasks", "32", "--batch-size", "16", "--prompt-seed", SEED,
+         "--split-seed", SEED, "--direction-seed", SEED, "--bootstrap", "20", "--random-draws", "2",
+         "--causal-tasks", "8")
+    case("verdict-recording-linear-td", "verdict", w("linear-td.h5"), "--split-seed", SEED, "--bootstrap", "20")
+    case("causal-linear-td", "causal", ck, "--layer", "0", "--tasks", "32", "--prompt-seed", SEED, "--split-seed", SEED,
+         "--direction-seed", SEED, "--random-draws", "2", "--bootstrap", "20", "--steer", "1")
     return run
 
 
@@ -175,8 +177,7 @@ def generate(work: Path, verbose: bool = False) -> dict[str, object]:
         if verbose:
             print(f"{time.perf_counter() - t0:6.2f} s  {name or '(prepares a file)'}: icrl-interp {argv[0]}")
         if name is not None:
-            text = stdout.getvalue() if argv[0] == "inspect" else (work / f"{name}.json").read_text()
-            results[name] = normalize(json.loads(text), work)
+            results[name] = normalize(json.loads((work / f"{name}.json").read_text()), work)
     return results
 
 

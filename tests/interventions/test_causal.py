@@ -18,7 +18,7 @@ from icrl_interp.models import construct
 from icrl_interp.tasks import reference
 from icrl_interp.core.errors import UserError
 from icrl_interp.models import theta_star_model
-from icrl_interp.recording.recorder import random_init_copy
+from icrl_interp.models.random_init import random_init_copy
 
 from helpers import float_tol
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from icrl_interp.interventions import causal
+from icrl_interp.interventions import baseline, causal, statistics
 from icrl_interp.verdicts import causal_evidence as causal_verdict
 from icrl_interp.models import construct
 from icrl_interp.verdicts import behaviour as VD
@@ -33,22 +33,22 @@ def pct(samples, q):
 
 # ------------------------------------------------------------------ intervals and effect sizes
 def test_ci_is_the_2_5_and_97_5_percentiles_of_95_percent_finite_samples():
-    assert causal._ci(np.arange(1001.0)) == [25.0, 975.0]  # exact: samples 25 and 975
+    assert statistics.interval(np.arange(1001.0)) == [25.0, 975.0]  # exact: samples 25 and 975
     s = np.arange(100.0)
     s[:5] = np.nan
-    assert causal._ci(s) == [pct(s[5:], 2.5), pct(s[5:], 97.5)]  # 95 finite: enough
+    assert statistics.interval(s) == [pct(s[5:], 2.5), pct(s[5:], 97.5)]  # 95 finite: enough
     s[5] = -np.inf
-    assert causal._ci(s) is None and causal._ci(np.array([])) is None
+    assert statistics.interval(s) is None and statistics.interval(np.array([])) is None
 
 
 def test_paired_d_is_the_mean_over_the_sd_with_ddof_1():
     diff = np.array([1.0, 2.0, 6.0])  # mean 3, sample variance (4 + 1 + 9) / 2 = 7
-    assert causal._paired_d(diff) == pytest.approx(3 / np.sqrt(7.0), rel=4 * EPS)
+    assert statistics.paired_d(diff) == pytest.approx(3 / np.sqrt(7.0), rel=4 * EPS)
     rows = np.array([[1.0, 2.0, 6.0], [0.0, 0.0, 0.0], [2.0, 2.0, 2.0], [-1.0, -2.0, -6.0]])
-    got = causal._paired_d(rows)  # along the last axis
+    got = statistics.paired_d(rows)  # along the last axis
     assert got[0] == pytest.approx(3 / np.sqrt(7.0), rel=4 * EPS) and got[1] == 0.0
     assert np.isnan(got[2]) and got[3] == pytest.approx(-3 / np.sqrt(7.0), rel=4 * EPS)
-    assert causal._paired_d(np.array([0.0])) == 0.0 and np.isnan(causal._paired_d(np.array([0.5])))
+    assert statistics.paired_d(np.array([0.0])) == 0.0 and np.isnan(statistics.paired_d(np.array([0.5])))
 
 
 def test_excess_is_td_minus_the_mean_draw_with_a_rounding_floor_of_the_largest_value():
@@ -155,7 +155,7 @@ def test_exceeds_random_init_needs_both_intervals():
 def test_versus_statistics_on_given_resamples():
     a, b = np.array([1.0, 2.0, 4.0, 8.0]), np.array([0.5, 0.5, 1.0, 1.0])
     idx = np.random.default_rng(2).integers(0, 4, size=(300, 4))
-    out = causal._versus(a, b, idx)
+    out = baseline.versus(a, b, idx)
     assert out["trained"]["mean"] == 3.75 and out["random_init"]["mean"] == 0.75  # exact: dyadic
     assert out["difference"]["mean"] == 3.0
     for key, v in (("trained", a), ("random_init", b), ("difference", a - b)):
@@ -173,7 +173,7 @@ def test_probe_versus_is_r2_from_pooled_task_sums():
     a, b = sums(0.3), sums(0.8)
     idx = g.integers(0, 6, size=(200, 6))
     r2 = lambda s: 1 - s[..., 0] / (s[..., 3] - s[..., 2] ** 2 / s[..., 1])  # noqa: E731
-    out = causal._probe_versus(a, b, idx)
+    out = baseline.probe_versus(a, b, idx)
     assert out["trained"]["mean"] == pytest.approx(r2(a.sum(0)), rel=1e-12)
     assert out["random_init"]["mean"] == pytest.approx(r2(b.sum(0)), rel=1e-12)
     assert out["difference"]["mean"] == pytest.approx(r2(a.sum(0)) - r2(b.sum(0)), rel=1e-12)
@@ -192,7 +192,7 @@ def test_scale_note_at_a_factor_of_ten():
 
 
 def test_rms_is_the_root_mean_square_of_the_output_norms():
-    assert causal._rms(np.array([[3.0, 4.0], [0.0, 0.0]])) == pytest.approx(np.sqrt(12.5), rel=4 * EPS)
+    assert baseline.rms(np.array([[3.0, 4.0], [0.0, 0.0]])) == pytest.approx(np.sqrt(12.5), rel=4 * EPS)
 
 
 def test_rounding_floor_is_64_eps_of_the_largest_output():
@@ -270,7 +270,7 @@ def test_defaults_of_the_causal_test():
     cv = inspect.signature(causal_verdict.causation).parameters
     assert (cv["draws"].default, cv["max_tasks"].default, cv["resamples"].default) == (16, 64, 1000)
     api = inspect.signature(causal_verdict.verdict).parameters
-    want = {"tasks": 512, "record_seed": 0, "candidates": None, "steps": None, "test_fraction": 0.3, "seed": 0,
+    want = {"tasks": 512, "prompt_seed": 0, "candidates": None, "steps": None, "test_fraction": 0.3, "seed": 0,
             "bootstrap": 1000, "min_r2": 0.5, "max_prompts": 1024, "causal_draws": 16, "causal_tasks": 64,
             "causal": True, "baseline": "random-init", "batch_size": 128}
     assert {k: api[k].default for k in want} == want
@@ -571,7 +571,8 @@ def test_causal_test_section_fields(linear):
     res = causal.causal_test(model, cfg, 0, roles=roles, tasks=16, random_draws=3, bootstrap=20, steer=(1.0,),
                              baseline="none", seed=1)
     st = causal.prepare(model, cfg, 0, roles=roles, tasks=16, seed=1)
-    assert res["tasks"] == {"train": st.train_index.size, "test": st.test_index.size, "seed": 1}
+    assert res["tasks"] == {"train": st.train_index.size, "test": st.test_index.size, "prompt_seed": 1,
+                            "split_seed": 1}
     assert res["value_error"]["base"] == pytest.approx(float(np.abs(st.base - st.truth).mean()), rel=1e-12)
     assert res["value_error"]["target"] == "true value"
     assert res["task"] == {"family": "linear-td", "n": 8, "output": "query", "output_width": 1}

@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.numpy import save_file
 
+from icrl_interp.families import registry
 from icrl_interp.models import checkpoint
 from icrl_interp.core.errors import UserError
 from icrl_interp.models import ModelConfig, build_model, theta_star_model
@@ -334,7 +335,8 @@ def test_format_1_checkpoints_still_load(family, tmp_path):
     assert raw["format_version"] == 1
     config, tensors = checkpoint.read(src)
     assert config.family == config.task.family == raw["family"] and config.model.d == raw["d"]
-    assert config.task.n == raw["n"] and config.origin == raw["origin"] and config.model.layout.to_dict() == raw["layout"]
+    renamed = registry.get(family).current_config(raw)["origin"]  # actor-critic's origin.beta is origin.critic_step
+    assert config.task.n == raw["n"] and config.origin == renamed and config.model.layout.to_dict() == raw["layout"]
     model = checkpoint.load(src)
     assert sorted(tensors) == sorted(n for n, _ in model.named_parameters())
     # re-saving writes format 2 with the same content

@@ -12,7 +12,8 @@ from torch import nn
 
 from icrl_interp import cli
 from icrl_interp.models import construct
-from icrl_interp.recording import probe_spec, recorder
+from icrl_interp.models.random_init import random_init_copy
+from icrl_interp.recording import probe_spec, prompts, recorder
 from icrl_interp.recording.capture import attached_hook_count
 from icrl_interp.core.errors import UserError
 from icrl_interp.recording.format import Recording, partial_path
@@ -70,7 +71,7 @@ def test_random_init_baseline_is_the_same_architecture_reset(tmp_path):
     _record(model, tmp_path / "r.h5", baseline="random-init")
     for k, v in model.state_dict().items():  # the user's model is never touched
         torch.testing.assert_close(v, before[k], rtol=0, atol=0)
-    clone, info = recorder.random_init_copy(model, 0)
+    clone, info = random_init_copy(model, 0)
     assert info["reset_modules"] > 0 and info["redrawn"] == []  # MultiheadAttention resets through _reset_parameters
     with Recording(tmp_path / "r.h5") as r:
         z = torch.from_numpy(r.array("prompts/z")).float()
@@ -95,7 +96,7 @@ def test_parameters_without_reset_are_redrawn():
             self.P = nn.Parameter(torch.ones(5, 5))
             self.b = nn.Parameter(torch.ones(5))
 
-    clone, info = recorder.random_init_copy(Raw(), 3)
+    clone, info = random_init_copy(Raw(), 3)
     assert info["redrawn"] == ["P", "b"]
     assert torch.all(clone.b == 0) and not torch.allclose(clone.P, torch.ones(5, 5))  # a bias is redrawn as literal 0
     assert abs(float(clone.P.std()) - 5 ** -0.5) < 0.3
@@ -203,7 +204,7 @@ MODEL_FILE = textwrap.dedent('''
 
 def _cli(tmp_path, capsys, *argv):
     capsys.readouterr()
-    code = cli.main(["record", *argv, "--quiet"])
+    code = cli.main(["record", *argv, "--no-progress"])
     err = capsys.readouterr().err.strip()
     return code, err
 
@@ -239,9 +240,9 @@ def test_cli_records_a_user_model(user_files, capsys):
     (["--model", "{d}/m.py:good", "--weights", "{d}/small.safetensors"], "do not fit the model"),
     (["--model", "{d}/m.py:good", "--probe", "{d}/nothing.toml"], "maps to nothing"),
     (["--model", "{d}/m.py:wide"], "3 value(s) per prompt, the task's output has 1"),
-    (["--model", "{d}/m.py:good", "--actions", "3"], "not an option of the linear-td task"),
+    (["--model", "{d}/m.py:good", "--n-actions", "3"], "not an option of the linear-td task"),
     (["--model", "{d}/m.py:good", "--batch-size", "1000000000"], "GiB"),
-    (["--model", "{d}/m.py:good", "--seed", "-1"], "--seed must be a non-negative integer"),
+    (["--model", "{d}/m.py:good", "--prompt-seed", "-1"], "--prompt-seed must be a non-negative integer"),
 ])
 def test_cli_bad_input_is_one_line_and_leaves_nothing(user_files, capsys, argv, fragment):
     d = user_files
@@ -273,7 +274,7 @@ def test_prompt_file_with_ten_prompts_per_task_keeps_tasks_whole_and_the_control
     ids = np.repeat(np.arange(tasks), per_task)
     np.savez(tmp_path / "p.npz", z=z, task_id=ids)
     recorder.record(checkpoint.load(out), tmp_path / "r.h5", probe_spec.shipped_spec("linear-td"),
-                    recorder.load_prompt_file(tmp_path / "p.npz", config, None), batch_size=50, progress=False)
+                    prompts.load_prompt_file(tmp_path / "p.npz", config, None), batch_size=50, progress=False)
     r = analyze(tmp_path / "r.h5")
     for layer in r["activations"]["layers"]:
         probe = layer["td_probe"][layer["td_probe_hook"]]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from icrl_interp.models import checkpoint
-from icrl_interp.recording import probe_spec, recorder
+from icrl_interp.recording import probe_spec, prompts, recorder
 from icrl_interp.families import registry
 from icrl_interp.models import theta_star_model
 from icrl_interp.recording.format import Recording
@@ -20,7 +20,7 @@ def test_nnsight_trace_equals_recording(tmp_path):
     np.savez(tmp_path / "p.npz", z=z)
     spec = probe_spec.parse_spec('[[hooks]]\npattern = "blocks.*.attn.hook_pattern"\ndtype = "float64"\n'
                                  '[[hooks]]\npattern = "blocks.*.hook_resid_post"\ndtype = "float64"\n')
-    source = recorder.load_prompt_file(tmp_path / "p.npz", config, model.layout)
+    source = prompts.load_prompt_file(tmp_path / "p.npz", config, model.layout)
     recorder.record(model, tmp_path / "r.h5", spec, source, batch_size=6, progress=False)
     wrapped = nnsight.NNsight(model)
     saved = {}

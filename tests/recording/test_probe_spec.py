@@ -7,8 +7,10 @@ from icrl_interp.recording.probe_spec import (
     SPEC_DIR,
     load_spec,
     parse_spec,
+    roles_spec,
     shipped_names,
     shipped_spec,
+    spec_for,
     spec_path,
 )
 
@@ -60,6 +62,9 @@ def test_glob_resolution_keeps_model_order_and_first_rule():
     ('[[hooks]]\npattern = "x"\n[stuff]\n', "unknown key 'stuff'"),
     ('[probe]\nname = "a"\n', "at least one [[hooks]]"),
     ('[[hooks]\n', "not valid TOML"),
+    ('[[hooks]]\npattern = "x"\n\n[roles]\nresid = "layers.{layer}"\n', ":5: unknown role 'resid'"),
+    ('[roles]\nresid_post = "a"\nreadout = []\n', ":3: role readout must be a module path or a list of paths"),
+    ('roles = 3\n', ":1: roles must be a table [roles]"),
 ])
 def test_bad_specs_name_the_line(text, fragment):
     with pytest.raises(UserError, match=None) as e:
@@ -89,3 +94,55 @@ def test_position_slice_and_axis():
 def test_missing_file(tmp_path):
     with pytest.raises(UserError, match="cannot read probe spec"):
         load_spec(tmp_path / "nope.toml")
+
+
+def test_a_roles_dict_is_the_spec_its_roles_table_parses_to():
+    """A dict of roles (`record_model(probe={...})`, the verdict's recorded roles) is built directly, equal to
+    the spec file holding only that [roles] table: same roles (lists as tuples), name, JSON (resume identity)."""
+    roles = {"resid_post": "layers.{layer}", "readout": ["norm", "head"], "pattern": ("layers.{layer}.attn#1",)}
+    text = '[roles]\nresid_post = "layers.{layer}"\nreadout = ["norm", "head"]\npattern = ["layers.{layer}.attn#1"]\n'
+    parsed = parse_spec(text, "<roles>")
+    built = roles_spec(roles)
+    assert built == parsed and built.to_json() == parsed.to_json()
+    assert built.roles == {"resid_post": "layers.{layer}", "readout": ("norm", "head"),
+                           "pattern": ("layers.{layer}.attn#1",)}
+    assert spec_for(None, roles) == built  # a dict never needs the model
+    # no TOML text in between: a path JSON would escape as a surrogate pair (not TOML) is kept as it is
+    assert roles_spec({"resid_post": "blocks.{layer}.\U0001F600"}).roles == {"resid_post": "blocks.{layer}.\U0001F600"}
+
+
+def test_the_spec_a_model_is_recorded_with(tmp_path):
+    """`spec_for`: the spec given (a ProbeSpec, a file), else the model family's, else the TransformerLens
+    spec for a model with TransformerLens hooks; any other module needs one."""
+    from pathlib import Path
+
+    from torch import nn
+
+    from icrl_interp.models import checkpoint
+
+    given = parse_spec('[[hooks]]\npattern = "x"\n')
+    assert spec_for(nn.Linear(2, 2), given) is given
+    path = tmp_path / "s.toml"
+    path.write_text('[probe]\nname = "mine"\n[[hooks]]\npattern = "x"\n')
+    assert spec_for(nn.Linear(2, 2), path) == load_spec(path)
+    own = checkpoint.load(Path(__file__).resolve().parents[2] / "data" / "checkpoints" / "sarsa")
+    assert spec_for(own) == shipped_spec(own.config.family)
+    hooked = nn.Sequential(nn.Linear(2, 2))
+    hooked[0].hook_dict = {"hook_x": None}  # what a TransformerLens HookedRootModule carries
+    assert spec_for(hooked) == shipped_spec("generic")
+    with pytest.raises(UserError, match="^Linear is not a TransformerLens model: pass a probe spec"):
+        spec_for(nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("roles, fragment", [
+    ({}, "<roles>: a spec needs at least one [[hooks]] entry or a [roles] table"),
+    ({"resid": "layers.{layer}"}, "<roles>: unknown role 'resid' (roles: resid_pre, resid_post, pattern"),
+    ({"resid_post": ""}, "<roles>: role resid_post must be a module path or a list of paths"),
+    ({"readout": []}, "<roles>: role readout must be a module path or a list of paths"),
+    ({"readout": ["norm", 3]}, "<roles>: role readout must be a module path or a list of paths"),
+    ({"resid_post": {"layer": 0}}, "<roles>: role resid_post must be a module path or a list of paths"),
+])
+def test_a_bad_roles_dict_is_refused_by_the_spec_file_checks(roles, fragment):
+    with pytest.raises(UserError) as e:
+        roles_spec(roles)
+    assert str(e.value).startswith(fragment)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from icrl_interp.models import checkpoint
-from icrl_interp.recording import probe_spec, recorder
+from icrl_interp.recording import probe_spec, prompts, recorder
 from icrl_interp.families import registry
 from icrl_interp.recording.capture import attached_hook_count, capture
 from icrl_interp.core.errors import ModelFault, UserError
@@ -177,7 +177,7 @@ def test_hooked_transformer_from_config_matches_run_with_cache(tmp_path):
     model = HookedTransformer(cfg)
     tokens = np.random.default_rng(0).integers(0, 11, size=(10, 12))
     np.savez(tmp_path / "tokens.npz", input=tokens)
-    source = recorder.load_prompt_file(tmp_path / "tokens.npz", None, None)
+    source = prompts.load_prompt_file(tmp_path / "tokens.npz", None, None)
     spec = probe_spec.shipped_spec("generic")
     s = recorder.record(model, tmp_path / "tl.h5", spec, source, batch_size=4, progress=False)
     assert attached_hook_count(model) == 0
@@ -216,7 +216,7 @@ def test_user_prompts_npz(tmp_path):
     model = theta_star_model("linear-td", d=3, n_layers=2)
     batch = _sample(_config(model), 12)
     np.savez(tmp_path / "ok.npz", z=batch.prompt.z, state=batch.prompt.states)
-    src = recorder.load_prompt_file(tmp_path / "ok.npz", _config(model), model.layout)
+    src = prompts.load_prompt_file(tmp_path / "ok.npz", _config(model), model.layout)
     recorder.record(model, tmp_path / "u.h5", FLOAT64_SPEC, src, batch_size=5, progress=False)
     with Recording(tmp_path / "u.h5") as r:
         np.testing.assert_allclose(r.array("/reference/td_errors"), batch.reference["td_errors"], atol=1e-12)
@@ -225,16 +225,16 @@ def test_user_prompts_npz(tmp_path):
     bad[0, 0, 0] = np.nan
     np.savez(tmp_path / "nan.npz", z=bad)
     with pytest.raises(UserError, match="NaN"):
-        recorder.load_prompt_file(tmp_path / "nan.npz", _config(model), model.layout)
+        prompts.load_prompt_file(tmp_path / "nan.npz", _config(model), model.layout)
     np.savez(tmp_path / "wide.npz", z=np.zeros((2, 5, 8)))
     with pytest.raises(UserError, match="d_model 8"):
-        recorder.load_prompt_file(tmp_path / "wide.npz", _config(model), model.layout)
+        prompts.load_prompt_file(tmp_path / "wide.npz", _config(model), model.layout)
     np.savez(tmp_path / "labels.npz", z=np.zeros((2, 5, 7)), state=np.zeros((2, 4)))
     with pytest.raises(UserError, match="state has shape"):
-        recorder.load_prompt_file(tmp_path / "labels.npz", _config(model), model.layout)
+        prompts.load_prompt_file(tmp_path / "labels.npz", _config(model), model.layout)
     np.savez(tmp_path / "none.npz", x=np.zeros(3))
     with pytest.raises(UserError, match="unknown arrays x"):
-        recorder.load_prompt_file(tmp_path / "none.npz", None, None)
+        prompts.load_prompt_file(tmp_path / "none.npz", None, None)
 
 
 def test_refuses_to_overwrite_and_to_resume_with_other_settings(tmp_path):
@@ -294,7 +294,7 @@ def test_prompt_files_of_every_family_get_the_reference(tmp_path, family, kw):
     config = _config(model)
     batch = _sample(config, 10, seed=4)
     np.savez(tmp_path / "p.npz", z=batch.prompt.z, state=batch.prompt.states)
-    src = recorder.load_prompt_file(tmp_path / "p.npz", config, model.layout)
+    src = prompts.load_prompt_file(tmp_path / "p.npz", config, model.layout)
     assert src.task_family == family
     recorder.record(model, tmp_path / "p.h5", FLOAT64_SPEC, src, batch_size=5, progress=False)
     with Recording(tmp_path / "p.h5") as r:
@@ -310,7 +310,7 @@ def test_prompt_files_of_every_family_get_the_reference(tmp_path, family, kw):
         assert layer["reference_gap"] < 1e-9
     with pytest.raises(UserError, match="d_model"):
         np.savez(tmp_path / "wide.npz", z=np.zeros((2, 5, model.layout.d_model + 1)))
-        recorder.load_prompt_file(tmp_path / "wide.npz", config, None)
+        prompts.load_prompt_file(tmp_path / "wide.npz", config, None)
 
 
 def test_record_writes_schema_2_and_samples_through_the_registry(tmp_path):

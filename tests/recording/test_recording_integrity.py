@@ -20,14 +20,8 @@ import numpy as np
 import pytest
 
 from icrl_interp.core.errors import UserError
-from icrl_interp.recording.format import (
-    INTEGRITY,
-    WRITE_FLAGS,
-    Recording,
-    RecordingWriter,
-    partial_path,
-    read_superblock,
-)
+from icrl_interp.recording.format import Recording, RecordingWriter, partial_path
+from icrl_interp.recording.integrity import INTEGRITY, WRITE_FLAGS, read_superblock
 
 ROOT = Path(__file__).resolve().parents[2]
 B = 64  # prompts per batch

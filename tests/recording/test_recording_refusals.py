@@ -22,7 +22,8 @@ import pytest
 
 from icrl_interp import cli
 from icrl_interp.core.errors import UserError
-from icrl_interp.recording.format import INTEGRITY, Recording, global_heaps, seal
+from icrl_interp.recording.format import Recording
+from icrl_interp.recording.integrity import INTEGRITY, global_heaps, seal
 
 from .test_recording_integrity import B, _damaged, _in_child, _writer
 

@@ -12,11 +12,11 @@ import h5py
 import numpy as np
 import pytest
 
-from helpers import theta_star_setup
+from helpers import TASK, theta_star_setup
 
 import icrl_interp
 from icrl_interp.models import checkpoint
-from icrl_interp.recording import recorder, shards
+from icrl_interp.recording import prompts, recorder, shards
 from icrl_interp.core.errors import UserError
 from icrl_interp.recording.format import Recording, partial_path
 
@@ -67,6 +67,39 @@ def test_ranges_are_contiguous_whole_batches():
     with pytest.raises(UserError, match="splits into 1 to 5 shards"):
         shards.batch_ranges(5, 6)
     assert [p.name for p in shards.shard_paths("x/r.h5", 12)][::11] == ["r.shard-00-of-12.h5", "r.shard-11-of-12.h5"]
+
+
+def test_the_plan_gives_each_shard_its_file_attribute_and_prompts(tmp_path):
+    """`shards.plan`: one entry per shard with its file, its `shard` attribute, the whole run's batches it
+    holds (prompt i of the run is row i of z here) and what an earlier run left of it."""
+    z = np.arange(10.0)[:, None, None] * np.ones((10, 3, 2))
+    whole = prompts.PromptSource(arrays={"prompts/z": z}, n_total=10)
+    out = tmp_path / "r.h5"
+    parts = shards.plan(out, whole, 4, 3, resume=False)  # batches [0, 4), [4, 8), [8, 10): the last one short
+    assert [p.path for p in parts] == shards.shard_paths(out, 3) and [p.state for p in parts] == ["new"] * 3
+    assert [p.meta for p in parts] == [shards.shard_meta(i, 3, i, 4 * i, 10, 4) for i in range(3)]
+    assert [p.meta["first_prompt"] for p in parts] == [0, 4, 8]
+    assert [p.source.n_total for p in parts] == [4, 4, 2]
+    last = parts[2].source
+    assert last.batch(0, 0, 2)["prompts/z"][:, 0, 0].tolist() == [8.0, 9.0]  # exact: the row numbers
+    assert last.task_ids(0, 2).tolist() == [8, 9]
+    # messages name a batch's place in the whole run, also when the short last shard records in batches of 2
+    assert whole.where(2, 8, 10, 4) == "batch 3 of 3 (prompts 8..9)"
+    assert last.where(0, 0, 2, 2) == "batch 3 of 3 (prompts 8..9)"
+    assert parts[1].source.where(0, 0, 4, 4) == "batch 2 of 3 (prompts 4..7)"
+    parts[0].path.touch()
+    partial_path(parts[1].path).touch()
+    assert [p.state for p in shards.plan(out, whole, 4, 3, resume=True)] == ["done", "resume", "new"]
+
+
+def test_a_nan_in_the_short_last_shard_names_its_batch_in_the_whole_run(tmp_path):
+    from .test_budget import _nan_from
+
+    with pytest.raises(UserError, match=r"^shard 2 \(.*r\.shard-2-of-3\.h5\): non-finite activations: the model's hook "
+                                        r"blocks\.0\.hook_resid_post holds NaN in batch 3 of 3 \(prompts 8\.\.9\)$"):
+        recorder.record_model(_nan_from(3), "linear-td", tmp_path / "r.h5", task_options=TASK,  # 3rd forward: shard 2
+                              probe={"resid_post": ["embed"]}, tasks=10, batch_size=4, baseline="none", progress=False,
+                              shards=3, workers=0)
 
 
 def test_sharded_recording_holds_and_analyzes_to_the_single_file(pair):
@@ -192,7 +225,7 @@ def test_a_prompt_file_shards_like_one_file(setup, tmp_path):
     task_id = np.repeat(np.arange(N // 2), 2)[::-1].copy()  # pairs of prompts share a task, ids not the row index
     np.savez(tmp_path / "p.npz", z=batch.prompt.z, state=batch.prompt.states, task_id=task_id)
     for out, kw in ((tmp_path / "one.h5", {}), (tmp_path / "sh.h5", {"shards": 2, "workers": 0})):
-        source = recorder.load_prompt_file(tmp_path / "p.npz", cfg, model.layout)
+        source = prompts.load_prompt_file(tmp_path / "p.npz", cfg, model.layout)
         recorder.record(model, out, spec, source, batch_size=BATCH, progress=False, **kw)
     _same_datasets(tmp_path / "one.h5", tmp_path / "sh.h5")
     with Recording(tmp_path / "sh.h5") as rec:
@@ -206,7 +239,7 @@ def test_record_command_writes_shards_and_master(tmp_path, capsys):
     ck = Path(__file__).resolve().parents[2] / "data" / "checkpoints" / "sarsa"
     out = tmp_path / "r.h5"
     assert cli.main(["record", str(ck), "--out", str(out), "--tasks", "12", "--batch-size", "4", "--shards", "2",
-                     "--baseline", "none", "--quiet"]) == 0
+                     "--baseline", "none", "--no-progress"]) == 0
     assert "2 shards (r.shard-0-of-2.h5 ...)" in capsys.readouterr().out
     with Recording(out) as rec:
         assert rec.n_prompts == 12 and [e["n_prompts"] for e in rec.attr("shards")] == [4, 8]

@@ -18,7 +18,8 @@ import pytest
 
 from icrl_interp.recording import shards
 from icrl_interp.core.errors import UserError
-from icrl_interp.recording.format import SHARDS, Recording, seal
+from icrl_interp.recording.format import SHARDS, Recording
+from icrl_interp.recording.integrity import seal
 
 from .test_shards import _copy, _record, pair, setup  # noqa: F401 - the fixtures: a run of 5 batches in 3 shards
 

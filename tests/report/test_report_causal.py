@@ -31,7 +31,7 @@ SMALL = dict(tasks=24, random_draws=4, bootstrap=50, steer=[-1.0, 1.0])
 def theta(tmp_path_factory):
     """θ* linear-td (d 3, n 6, 2 layers), its causal JSON at layer 0 (with the random-init baseline)."""
     root = tmp_path_factory.mktemp("causal-report")
-    ckpt = construct("linear-td", {"d": 3, "n": 6, "layers": 2}, root / "star")
+    ckpt = construct("linear-td", {"d": 3, "n": 6, "n_layers": 2}, root / "star")
     section = causal.causal_test(checkpoint.load(ckpt), checkpoint.read(ckpt)[0], 0, **SMALL)
     path = root / "jsons" / "star_causal.json"
     path.parent.mkdir()
@@ -160,7 +160,7 @@ def test_status_of_a_causal_section(theta):
 
 # ------------------------------------------------------------------ a model of your own
 ROLES = {"resid_post": "blocks.{layer}", "pattern": "blocks.{layer}.attn#1", "readout": ["ln_f", "head"]}
-TASK = {"d": 3, "n": 6, "layers": 2}
+TASK = {"d": 3, "n": 6, "n_layers": 2}
 
 
 def Net():  # noqa: N802 - the user's model: no family, its own embedding (linear-td prompts of d = 3 have 7 rows)

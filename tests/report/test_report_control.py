@@ -27,7 +27,7 @@ TASK = {"kind": "mdp", "n": 16, "n_states": 3, "n_actions": 2}
 def theta(tmp_path_factory):
     """θ* sarsa with 3 states and 2 actions, written by `icrl-interp construct`."""
     path = tmp_path_factory.mktemp("control") / "theta"
-    assert main(["construct", "sarsa", "--states", "3", "--actions", "2", "--n", "16", "--out", str(path)]) == 0
+    assert main(["construct", "sarsa", "--n-states", "3", "--n-actions", "2", "--n", "16", "--out", str(path)]) == 0
     return path
 
 
@@ -101,7 +101,7 @@ def test_cache_reuse_is_byte_identical_and_settings_are_part_of_the_key(report, 
     again = build_report([theta], out, ReportConfig(workers=1, progress=False))
     assert again.results[0].cached and (out / "summary.json").read_bytes() == first
     # other control settings: a cache miss, re-run with those settings
-    other = build_report([theta], out, ReportConfig(workers=1, progress=False, control_steps=7, control_mdps=3))
+    other = build_report([theta], out, ReportConfig(workers=1, progress=False, control_iterations=7, control_mdps=3))
     assert not other.results[0].cached
     row = _row(out)
     assert (row["control.settings.mdps"], row["control.settings.iterations"]) == (3, 7)
@@ -122,8 +122,8 @@ def test_control_mdps_zero_disables_and_bad_values_are_refused(theta, tmp_path, 
     capsys.readouterr()
     assert main(["report", str(theta), "--out", str(out), "--control-mdps", "-1"]) == 2
     assert "control-mdps must be a non-negative integer" in capsys.readouterr().err
-    assert main(["report", str(theta), "--out", str(out), "--control-steps", "0"]) == 2
-    assert "control-steps must be at least 1" in capsys.readouterr().err
+    assert main(["report", str(theta), "--out", str(out), "--control-iterations", "0"]) == 2
+    assert "control-iterations must be at least 1" in capsys.readouterr().err
 
 
 def test_failing_control_is_recorded_not_fatal_and_recordings_get_none(tmp_path):

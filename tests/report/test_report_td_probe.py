@@ -24,7 +24,7 @@ def test_report_headline_is_the_selectivity_and_the_tables_go_per_target_and_tas
     last = {k: r.analysis["activations"]["layers"][-1] for k, r in by.items()}
     assert abs(last["untrained"]["td_probe_selectivity"]) < 0.01 and last["untrained"]["td_probe_r2"] > 0.3
     assert last["trained"]["td_probe_selectivity_ci"][0] > 0.3
-    assert "TD-probe R²" not in [h for _, h, _ in headline.COLUMNS]
+    assert "TD-probe R²" not in [h for _, h, _ in headline.columns()]
     assert "TD-probe R² near 1" not in (out.out_dir / "index.html").read_text()
     assert "probe sel." in headline.text_table(out.results)
 

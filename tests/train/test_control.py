@@ -28,7 +28,7 @@ def ckpts(tmp_path_factory):
     task = {"kind": "mdp", "n": 16, "n_states": 3, "n_actions": 2}
     sarsa = checkpoint.save(theta_star_model("sarsa", 6, gamma=0.5, alpha=1.0, c=-2.0), {"n": 16, "task": task},
                             root / "sarsa")
-    ac = construct("actor-critic", {"states": 3, "actions": 2, "n": 16, "alpha": 20.0, "critic_step": 0.5, "scale": 0.5},
+    ac = construct("actor-critic", {"n_states": 3, "n_actions": 2, "n": 16, "alpha": 20.0, "critic_step": 0.5, "scale": 0.5},
                    root / "ac")
     half = theta_star_model("sarsa", 6, gamma=0.5, alpha=1.0)
     with torch.no_grad():
@@ -125,7 +125,7 @@ def test_cli_writes_json_and_prints_table(ckpts, tmp_path, capsys):
     out = tmp_path / "sub" / "res.json"
     out.parent.mkdir()  # commands create no missing parent directories
     fig = tmp_path / "ret.png"
-    code = main(["control", str(ckpts["ac"]), "--mdps", "3", "--steps", "4", "--seed", "2", "--json", str(out),
+    code = main(["control", str(ckpts["ac"]), "--mdps", "3", "--iterations", "4", "--prompt-seed", "2", "--json", str(out),
                  "--figure", str(fig), "--no-progress"])
     assert code == 0
     text = capsys.readouterr().out
@@ -141,7 +141,7 @@ def test_cli_writes_json_and_prints_table(ckpts, tmp_path, capsys):
 
 def test_cli_refuses_bad_input(ckpts, tmp_path, capsys):
     lin = checkpoint.save(theta_star_model("linear-td", 3), {"n": 10}, tmp_path / "lin")
-    assert main(["control", str(lin), "--mdps", "2", "--steps", "1"]) == 2
+    assert main(["control", str(lin), "--mdps", "2", "--iterations", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "linear-td checkpoint" in err[0] and "sarsa, actor-critic" in err[0]
     assert main(["control", str(ckpts["sarsa"]), "--mdps", "0"]) == 2
@@ -187,7 +187,7 @@ def test_divergence_is_recorded_not_fatal():
 def test_theta_star_on_random_features_tracks_the_teacher_exactly(tmp_path, family):
     """With a random feature map the held-out MDPs get their own features (stream 2 of the seed), the rule acts
     on them, and theta* still reproduces the teacher to rounding."""
-    opts = {"states": 3, "actions": 2, "n": 16, "d": 4, "sa_features": "gaussian"}
+    opts = {"n_states": 3, "n_actions": 2, "n": 16, "d": 4, "sa_features": "gaussian"}
     if family == "actor-critic":
         opts.update(alpha=20.0, critic_step=0.1)
     ck = construct(family, opts, tmp_path / family)

@@ -18,7 +18,7 @@ from icrl_interp.train.recipes import softmax_td as S
 
 @pytest.fixture
 def batch_and_values(monkeypatch):
-    cfg = S.SoftmaxTDTrainConfig(n_states=4, n=12, batch=3, dtype="float64")
+    cfg = S.SoftmaxTDTrainConfig(n_states=4, n=12, tasks_per_step=3, dtype="float64")
     batch = S.sample_state_queries(cfg, np.random.default_rng(0))
     v = torch.tensor(np.random.default_rng(1).normal(size=(3, 4)), dtype=torch.float64, requires_grad=True)
     monkeypatch.setattr(S, "values", lambda model, z: v)

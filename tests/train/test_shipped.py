@@ -19,7 +19,8 @@ DATA = Path(__file__).resolve().parents[2] / "data" / "checkpoints"
 REAL = ["linear-td", "sarsa", "softmax-td", "actor-critic"]
 """Full-size reproductions (tens of seconds to minutes of training each)."""
 TINY_SOFTMAX = dict(family="softmax-td", steps=800, seed=0, lr=0.03, checkpoint_every=200, eval_tasks=64, n_states=4,
-                    beta=1.0, n=20, n_layers=3, gamma=0.9, tied=True, form="tsm", objective="neu", masks=True, batch=32)
+                    beta=1.0, n=20, n_layers=3, gamma=0.9, tied=True, form="tsm", objective="neu", masks=True,
+                    tasks_per_step=32)
 """A tiny softmax-td configuration (about 5 s): NEU falls and Xie's sign pattern emerges."""
 
 
@@ -175,7 +176,7 @@ def test_shipped_actor_critic_reproduces_liang_lai_full_row():
     lazy blocks exactly 0; measured 1.2e-3 / 3.1e-4 with random features and the critic fix (critic and actor
     each fitted to ~1e-6 of their own update). `analyze` reads the same numbers from the weights."""
     cfg = _config("actor-critic")
-    assert cfg.sa_features == "gaussian" and cfg.critic_lr_factor == cfg.beta / cfg.alpha
+    assert cfg.sa_features == "gaussian" and cfg.critic_lr_factor == cfg.critic_step / cfg.alpha
     m = _evaluate("actor-critic", 64)
     assert m["rel_err_P12"] < 0.018 and m["rel_err_V21"] < 0.014  # the paper's bounds
     assert m["rel_err_P12"] < 0.005 and m["rel_err_V21"] < 0.002  # what this run reaches

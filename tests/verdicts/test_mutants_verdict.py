@@ -254,7 +254,7 @@ def test_default_step_budget_is_two_per_layer_plus_two_at_least_four(layers, K):
     assert v["settings"]["max_steps"] == K
     assert v["output"]["layer"] == "output" and [s["layer"] for s in v["layers"]] == list(range(layers))
     assert v["settings"]["min_r2"] == 0.5 and v["settings"]["bootstrap"] == 20
-    assert v["settings"]["test_fraction"] == 0.3 and v["settings"]["seed"] == 0
+    assert v["settings"]["test_fraction"] == 0.3 and v["settings"]["split_seed"] == 0
     assert VD.run(_data(), candidates=["td0"], resamples=20, steps=2)["settings"]["max_steps"] == 2
 
 
@@ -268,9 +268,11 @@ def test_defaults_of_the_api_and_the_command():
 
     p = argparse.ArgumentParser()
     verdict_cmd.add_arguments(p)
-    args = p.parse_args(["rec.h5"])
-    assert (args.min_r2, args.test_fraction, args.bootstrap, args.seed) == (0.5, 0.3, 1000, 0)
-    assert (args.causal_draws, args.causal_tasks, args.max_prompts, args.steps) == (16, 64, 1024, None)
+    from icrl_interp.core.cli_fields import parsed
+
+    o = parsed(p.parse_args(["rec.h5"]), verdict_cmd.VerdictOptions)
+    assert (o.min_r2, o.test_fraction, o.bootstrap, o.split_seed, o.direction_seed) == (0.5, 0.3, 1000, 0, 0)
+    assert (o.random_draws, o.causal_tasks, o.max_prompts, o.max_step) == (16, 64, 1024, None)
 
 
 def test_run_verdict_names_a_best_only_when_it_fits():

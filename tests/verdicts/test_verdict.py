@@ -22,10 +22,10 @@ from icrl_interp.core.errors import UserError
 from icrl_interp.families import linear_td
 
 SMALL = {
-    "linear-td": {"d": 3, "n": 16, "layers": 2, "states": 6},
-    "softmax-td": {"states": 4, "n": 16, "layers": 3},
-    "sarsa": {"states": 3, "actions": 2, "n": 24},
-    "actor-critic": {"states": 3, "actions": 2, "n": 24},
+    "linear-td": {"d": 3, "n": 16, "n_layers": 2, "n_states": 6},
+    "softmax-td": {"n_states": 4, "n": 16, "n_layers": 3},
+    "sarsa": {"n_states": 3, "n_actions": 2, "n": 24},
+    "actor-critic": {"n_states": 3, "n_actions": 2, "n": 24},
 }
 """Small construct options per family (a family not listed runs with its defaults)."""
 

@@ -15,15 +15,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...tasks import reference
 from ...analyzers import weights
 from ...core.errors import check
+from ...families import sarsa
+from ...families.actor_critic import NAME, mdp_columns, mdp_policy_features, policy, prompt, readout, theta_star_blocks
 from ...models import ModelConfig
+from ...tasks import reference
 from ..recipe import Recipe, Trends
 from ..util import param, tensor, torch_dtype
-from ...families import sarsa
 from . import sarsa as sarsa_training
-from ...families.actor_critic import NAME, mdp_columns, mdp_policy_features, policy, prompt, readout, theta_star_blocks
 from .sarsa import SarsaBatch, SarsaTrainConfig
 
 
@@ -38,8 +38,8 @@ class ActorCriticTrainConfig(SarsaTrainConfig):
     family: str = NAME
     alpha: float = 1.0
     """Actor step: lam' = lam + (alpha/n) sum_i gamma^i delta_i g_i."""
-    beta: float = 1.0
-    """Critic step: w' = w + (beta/n) sum_i delta_i phi_i."""
+    critic_step: float = 1.0
+    """Critic step beta: w' = w + (beta/n) sum_i delta_i phi_i."""
     lam_std: float = 0.5
     """Policy parameters in the prompt: lam ~ N(0, lam_std^2 I)."""
     lam_std_max: float | None = None
@@ -78,7 +78,7 @@ def model_config(cfg: ActorCriticTrainConfig) -> ModelConfig:
 def sample_actor_critic(cfg: ActorCriticTrainConfig, rng: np.random.Generator, size: int | None = None) -> SarsaBatch:
     """Prompts of random MDPs with w ~ N(0, w_std^2), lam ~ N(0, lam_std^2), n steps of pi_lam each,
     and the teacher's [w'; lam'] (a SarsaBatch whose `w` holds [w; lam])."""
-    batch = cfg.batch if size is None else size
+    batch = cfg.tasks_per_step if size is None else size
     mdp = sarsa_training.sample_mdps(cfg, batch, rng)
     d = cfg.feature_dim
     phi_pi = mdp_policy_features(mdp)
@@ -91,7 +91,7 @@ def sample_actor_critic(cfg: ActorCriticTrainConfig, rng: np.random.Generator, s
     c = mdp_columns(mdp, traj, lam, phi_pi)
     z = prompt(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam, cfg.gamma).z
     w_new, lam_new = reference.actor_critic_update(c["phi"], c["phi_next"], c["rewards"], c["scores"], w, lam, cfg.gamma,
-                                                   cfg.alpha, cfg.beta)
+                                                   cfg.alpha, cfg.critic_step)
     dtype = torch_dtype(cfg.dtype)
     weight = None
     if cfg.critic_weight != 1.0:
@@ -123,7 +123,7 @@ def evaluate(model, cfg: ActorCriticTrainConfig, rng: np.random.Generator) -> di
     P, Vm = param(model, 0, "P"), param(model, 0, "V")
     lay = model.layout
     one, two = weights.lsa_blocks(lay)
-    P12s, V21s = theta_star_blocks(d, d, cfg.alpha, cfg.beta)
+    P12s, V21s = theta_star_blocks(d, d, cfg.alpha, cfg.critic_step)
     P12, V21 = P[one, two], Vm[lay.slice("w").start :, one]  # V21bar: V21 without the '1' row
     fit = weights.manifold_fit(P12, P12s, V21, V21s[1:], ("P12", "V21"))
     c = fit["scale"]

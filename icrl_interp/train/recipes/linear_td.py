@@ -17,14 +17,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ...tasks import envs
 from ...analyzers import td_step, weights
 from ...core.errors import check
+from ...families.linear_td import NAME, prompt
 from ...models import ModelConfig
+from ...tasks import envs
 from ..config import TrainConfig
 from ..recipe import Recipe, Trends
 from ..util import param, tensor, torch_dtype, values
-from ...families.linear_td import NAME, prompt
 
 Array = np.ndarray
 

@@ -22,16 +22,16 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ...tasks import envs, layouts, reference, sampling
 from ...analyzers import weights
 from ...core.errors import UserError, check
+from ...families.sarsa import NAME, feature_task, prompt_from_mdp, theta_star_blocks
 from ...models import ModelConfig
+from ...tasks import envs, layouts, reference, sampling
+from ...tasks.sampling import SA_FEATURES
 from .. import span
 from ..config import TrainConfig
 from ..recipe import Recipe, Trends
 from ..util import lazy_max_abs, param, randomize_lazy_blocks, tensor, torch_dtype
-from ...tasks.sampling import SA_FEATURES
-from ...families.sarsa import NAME, feature_task, prompt_from_mdp, theta_star_blocks
 
 
 @dataclass
@@ -58,8 +58,8 @@ class SarsaTrainConfig(TrainConfig):
     """Behaviour policy: epsilon-greedy on Q_w(s, a) = w . phi(s, a) (1.0 = uniform random)."""
     concentration: float = 1.0
     """Dirichlet concentration of the transition rows."""
-    batch: int = 256
-    """MDPs (prompts) per optimizer step."""
+    tasks_per_step: int = 256
+    """MDPs (one prompt each) per optimizer step."""
     lazy_ablation: bool = False
     """Ablation: Xavier-initialise the lazy blocks P22 and V22 too (the paper zero-initialises them)."""
     span_projection: bool = False
@@ -84,7 +84,7 @@ class SarsaTrainConfig(TrainConfig):
 
     def validate(self) -> "SarsaTrainConfig":
         super().validate()
-        for name in ("n_states", "n_actions", "n", "batch"):
+        for name in ("n_states", "n_actions", "n", "tasks_per_step"):
             check(int(getattr(self, name)) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
         check(self.w_std >= 0, f"w_std must be non-negative, got {self.w_std}")
         check(self.w_std_max is None or self.w_std_max >= self.w_std > 0,
@@ -138,8 +138,8 @@ def sample_mdps(cfg: SarsaTrainConfig, batch: int, rng: np.random.Generator) -> 
 
 
 def sample_sarsa(cfg: SarsaTrainConfig, rng: np.random.Generator, size: int | None = None) -> SarsaBatch:
-    """`size` (default `batch`) random MDPs, w ~ N(0, w_std^2 I), n steps of the behaviour policy each."""
-    batch = cfg.batch if size is None else size
+    """`size` (default `tasks_per_step`) random MDPs, w ~ N(0, w_std^2 I), n steps of the behaviour policy each."""
+    batch = cfg.tasks_per_step if size is None else size
     mdp = sample_mdps(cfg, batch, rng)
     w = draw_params(cfg.w_std, cfg.w_std_max, batch, cfg.feature_dim, rng)
     traj = mdp.sample(envs.epsilon_greedy(sampling.q_values(mdp, w), cfg.epsilon), cfg.n, rng)

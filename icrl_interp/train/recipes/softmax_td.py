@@ -24,14 +24,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ...tasks import envs, layouts
 from ...analyzers import convergence, kernel, weights
 from ...core.errors import check
+from ...families.softmax_td import NAME, prompt_from_mrp
 from ...models import ModelConfig
+from ...tasks import envs, layouts
 from ..config import TrainConfig
 from ..recipe import Recipe, Trends
 from ..util import param, tensor, torch_dtype, values
-from ...families.softmax_td import NAME, prompt_from_mrp
 
 Array = np.ndarray
 
@@ -64,8 +64,8 @@ class SoftmaxTDTrainConfig(TrainConfig):
     """'neu' (norm of the expected update, project definition) or 'td' (semi-gradient expected TD error)."""
     masks: bool = True
     """Train only inside the paper's fixed sparsity masks (App. F.2)."""
-    batch: int = 64
-    """Tasks per optimizer step."""
+    tasks_per_step: int = 64
+    """Tasks (chains, one context each) per optimizer step."""
     steps: int = 1000
     lr: float = 1e-2
 
@@ -74,7 +74,7 @@ class SoftmaxTDTrainConfig(TrainConfig):
         check(self.objective in OBJECTIVES,
               f"{NAME} objective must be {' or '.join(map(repr, OBJECTIVES))}, got {self.objective!r}")
         check(self.form in ("tsm", "dual"), f"form must be 'tsm' or 'dual', got {self.form!r}")
-        for name in ("n", "n_layers", "batch"):
+        for name in ("n", "n_layers", "tasks_per_step"):
             check(int(getattr(self, name)) >= 1, f"{name} must be a positive integer, got {getattr(self, name)}")
         check(self.n_states >= 3, f"a Boyan chain needs at least 3 states, got n_states={self.n_states}")
         check(self.beta > 0, f"beta must be positive, got {self.beta}")
@@ -116,8 +116,8 @@ def chains_for(cfg: SoftmaxTDTrainConfig, batch: int, rng: np.random.Generator) 
 
 
 def sample_state_queries(cfg: SoftmaxTDTrainConfig, rng: np.random.Generator, size: int | None = None) -> StateQueryBatch:
-    """`size` (default `batch`) chains, one trajectory S_0..S_n each, every state as the query."""
-    batch = cfg.batch if size is None else size
+    """`size` (default `tasks_per_step`) chains, one trajectory S_0..S_n each, every state as the query."""
+    batch = cfg.tasks_per_step if size is None else size
     mrp = chains_for(cfg, batch, rng)
     traj = mrp.sample(cfg.n, rng)
     S = cfg.n_states

@@ -1,0 +1,474 @@
+"""The TD-probe analyzer: a ridge probe of every recorded hook to the reference TD error at every
+step (and to the reference value, where there is one per context column), with the baselines that
+say whether the activations carry more than their input (`td_probe` holds the statistics).
+
+`ProbeSet` is fed the analyzer's chunks (pass 1: fold statistics of every probe and of the input
+baseline, which share their targets by context columns, `ColumnGroup`), then `finish` fits them and
+reads the held-out prompts once more (pass 2) for the per-task sums the bootstrap interval of the
+selectivity resamples. The registered analyzer 'probes' puts, per layer, every probe
+(`td_probe`: {hook: probe}) and the headline probe's numbers (`td_probe_r2`, `td_probe_selectivity`,
+...) of the task family's primary hook (`Hints.primary_probe`).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..families.registry import Hints
+from ..tasks.layouts import PromptLayout
+from . import inputs, td_probe, weights
+from .base import Analyzer, Chunk, Column, guard
+from .keys import (LAYERS, TD_PROBE, TD_PROBE_HOOK, TD_PROBE_R2, TD_PROBE_SELECTIVITY, TD_PROBE_SELECTIVITY_CI,
+                   any_layer, layers, num)
+from .registry import register
+from .streams import read_at, read_rows
+
+DEFAULT_PRIMARY_PROBE = ("hook_resid_post",)
+"""The headline TD probe of prompts of no known task (`Hints.primary_probe`'s default)."""
+
+
+def probe_iteration(hook: str, layer: int) -> int:
+    """Reference iteration a hook of layer l is compared with: the residual stream after the layer
+    (hook_resid_post, hook_tsm_out) carries delta^(l+1); everything computed from the layer's
+    input (resid_pre, scores, pattern, values) carries delta^(l)."""
+    return layer + 1 if hook.endswith(("hook_resid_post", "hook_tsm_out")) else layer
+
+
+def td_direction(hints: Hints | None, layout: PromptLayout | None) -> np.ndarray | None:
+    """The construction's TD-error direction in the residual basis (`Hints.td_direction`: block ->
+    coefficient; e.g. Wang: the reward row, Xie: reward + target - current); None where there is none."""
+    if layout is None or hints is None or not hints.td_direction:
+        return None
+    v = np.zeros(layout.d_model)
+    for block, coef in hints.td_direction.items():
+        v[layout.slice(block)] = coef
+    return v
+
+
+class ProbeTargets:
+    """What every probe is regressed on, per context column c: the reference TD error delta_k at
+    EVERY reference step k (`reference/td_errors[:, k, c]`), and the reference value v_k
+    (`reference/values[:, k, c]`) where the recording has one value per position (softmax-td; a
+    value of the query alone, as linear-td's, is not a per-column target)."""
+
+    def __init__(self, f, n: int):
+        self.n = n
+        steps = int(f["reference/td_errors"].shape[1])
+        self.parts = [("reference/td_errors", steps)]
+        self.names = [f"td_error_{k}" for k in range(steps)]
+        self.note = None
+        if "reference/values" in f:
+            v = f["reference/values"]
+            if v.ndim == 3 and v.shape[2] >= n:
+                self.parts.append(("reference/values", int(v.shape[1])))
+                self.names += [f"value_{k}" for k in range(v.shape[1])]
+            else:
+                self.note = (f"reference/values has shape {tuple(v.shape[1:])} per prompt, not one value per context "
+                             "column: only TD errors are probed")
+
+    @property
+    def paths(self) -> list[str]:
+        return [p for p, _ in self.parts]
+
+    def gather(self, data: dict) -> np.ndarray:
+        """[B, n, T] targets of a chunk (every context column, every target)."""
+        return np.concatenate([np.moveaxis(np.asarray(data[p][:, :, : self.n], dtype=np.float64), 1, -1)
+                               for p, _ in self.parts], axis=-1)
+
+
+class ColumnGroup:
+    """What the probes reading the same context columns share: the input baseline (ridge from the
+    prompt's own column, `prompts/z[:, c]`, to the same targets) and, on the held-out tasks, the
+    per-task target sums (n, sum y, sum y^2 of the real and of the shuffled targets)."""
+
+    def __init__(self, cols: np.ndarray, d_in: int | None, n_targets: int, folds: int):
+        self.cols, self.T = cols, n_targets
+        self.acc = None if d_in is None else td_probe.ProbeAccumulator(d_in, n_targets, folds)
+        self.fit = None
+        self.sums = None
+        self.block, self.y0 = None, None
+
+    def update(self, data: dict, split: "ChunkSplit") -> None:
+        """Build the chunk's targets (real, then the partner's) once for every probe on these columns."""
+        self.block = td_probe.TargetBlock([split.Y[:, self.cols], split.Ys[:, self.cols]], split.grouping, self.y0)
+        self.y0 = self.block.y0
+        if self.acc is not None:
+            self.acc.update(data["prompts/z"][:, self.cols], self.block)
+
+    def start_scoring(self, n_tasks: int) -> None:
+        self.fit = None if self.acc is None else self.acc.result()
+        z = lambda w=self.T: np.zeros((n_tasks, w))  # noqa: E731
+        self.sums = {"n": z(1), "n_prompts": z(1), "sy": z(), "syy": z(), "sys": z(), "syys": z(), "sse_input": z()}
+
+    def score(self, data: dict, slot: np.ndarray, ok: np.ndarray, Y: np.ndarray, Ys: np.ndarray) -> None:
+        y, ys = Y[ok][:, self.cols], Ys[ok][:, self.cols]
+        s = self.sums
+        np.add.at(s["n"], slot, float(self.cols.size))
+        np.add.at(s["n_prompts"], slot, 1.0)
+        for key, v in (("sy", y.sum(1)), ("syy", (y * y).sum(1)), ("sys", ys.sum(1)), ("syys", (ys * ys).sum(1))):
+            np.add.at(s[key], slot, v)
+        if self.fit is not None:
+            X = data["prompts/z"][ok][:, self.cols]
+            np.add.at(s["sse_input"], slot, td_probe.residual_sums(X, y, self.fit["coef"], self.fit["intercept"]))
+
+
+class ProbeStream:
+    """One (layer, hook) TD probe fed from chunks: the model's activations, the same hook of the
+    same architecture at random initialization (`baseline/acts/{hook}`, when recorded), both to
+    every target of `ProbeTargets`, and the shuffled-label control."""
+
+    def __init__(self, hook: str, layer: int, ds, pos: int, n: int, folds: int, direction,
+                 n_targets: int = 1, baseline_ds=None):
+        self.hook, self.layer, self.path = hook, layer, f"acts/{hook}"
+        self.iteration = probe_iteration(hook, layer)
+        self.direction, self.n, self.T = direction, n, n_targets
+        shape = ds.shape
+        self.kind = "scores" if hook.endswith(("hook_pattern", "hook_attn_scores")) else "columns"
+        if self.kind == "scores":
+            if len(shape) != 4:
+                raise ValueError(f"shape {shape} is not [N, heads, q, k]")
+            q = inputs.positions(ds.attrs, shape, 2, pos, hook)
+            if pos - 1 not in q or shape[3] != pos:
+                raise ValueError("the last query row is not recorded")
+            self.q_last = int(np.nonzero(q == pos - 1)[0][0])
+            self.cols = np.arange(n)
+            self.src = np.arange(n)
+            F = shape[1]
+        else:
+            p = inputs.positions(ds.attrs, shape, 1, pos, hook)
+            keep = np.nonzero(p < n)[0]
+            if keep.size == 0:
+                raise ValueError("no context column is recorded")
+            self.src, self.cols = keep, p[keep]
+            if np.array_equal(keep, np.arange(keep[0], keep[0] + keep.size)):
+                self.src = slice(int(keep[0]), int(keep[0]) + keep.size)  # a view, not a copy
+            F = int(np.prod(shape[2:]))
+        self.acc = td_probe.ProbeAccumulator(F, 2 * n_targets, folds)  # targets, then the partner's
+        self.base_path = None
+        self.base = None
+        self.base_note = "no baseline/acts recorded (record with --baseline random-init)"
+        if baseline_ds is not None:
+            if tuple(baseline_ds.shape[1:]) == tuple(shape[1:]):
+                self.base_path = f"baseline/acts/{hook}"
+                self.base = td_probe.ProbeAccumulator(F, n_targets, folds)
+                self.base_note = None
+            else:
+                self.base_note = f"baseline/acts/{hook} has shape {baseline_ds.shape[1:]}, not {shape[1:]}"
+        self.group: ColumnGroup | None = None  # set by ProbeSet
+        self.fits = None
+        self.sums = None
+
+    def features(self, data: dict, path: str, rows=slice(None)) -> np.ndarray:
+        act = data[path][rows]
+        if self.kind == "scores":
+            return np.moveaxis(act[:, :, self.q_last, : self.n], 1, -1)  # [B, n, heads]
+        X = act[:, self.src]
+        return X.reshape(X.shape[0], X.shape[1], -1)
+
+    def update(self, data: dict, split: "ChunkSplit") -> None:
+        self.acc.update(self.features(data, self.path), self.group.block)  # built by the group this chunk
+        if self.base is not None:
+            self.base.update(self.features(data, self.base_path), self.group.block)
+
+    def start_scoring(self, n_tasks: int) -> None:
+        self.fits = {"model": self.acc.result(), "random_init": None if self.base is None else self.base.result()}
+        self.sums = {k: np.zeros((n_tasks, self.T)) for k in ("sse", "sse_shuffled", "sse_random_init")}
+        self.baselines = ["input"] * (self.group.fit is not None) + ["random_init"] * (self.base is not None) + ["shuffled"]
+        self.ci = np.full((2, self.T), np.nan)
+
+    def selectivity(self, gs: dict, ps: dict) -> np.ndarray:
+        """R^2 - max(baselines) from summed residuals (`ps`: this probe's; `gs`: its column group's
+        target sums and input-baseline residuals), per target; leading axes are kept (resamples)."""
+        real = (gs["n"], gs["sy"], gs["syy"])
+        r2 = {"input": td_probe.r2_of_sums(gs["sse_input"], *real),
+              "random_init": td_probe.r2_of_sums(ps["sse_random_init"], *real),
+              "shuffled": td_probe.r2_of_sums(ps["sse_shuffled"], gs["n"], gs["sys"], gs["syys"])}
+        base = np.stack([r2[b] for b in self.baselines], -2)
+        return td_probe.r2_of_sums(ps["sse"], *real) - td_probe.max_baseline(base)
+
+    def score(self, data: dict, slot: np.ndarray, ok: np.ndarray, Y: np.ndarray, Ys: np.ndarray) -> None:
+        y, ys = Y[ok][:, self.cols], Ys[ok][:, self.cols]
+        fit = self.fits["model"]
+        sse = td_probe.residual_sums(self.features(data, self.path, ok), np.concatenate([y, ys], -1),
+                                     fit["coef"], fit["intercept"])
+        np.add.at(self.sums["sse"], slot, sse[:, : self.T])
+        np.add.at(self.sums["sse_shuffled"], slot, sse[:, self.T :])
+        if self.base is not None:
+            fit = self.fits["random_init"]
+            np.add.at(self.sums["sse_random_init"], slot,
+                      td_probe.residual_sums(self.features(data, self.base_path, ok), y, fit["coef"], fit["intercept"]))
+
+    def result(self, names: list[str], task_ids: np.ndarray, max_tasks: int) -> dict:
+        """The probe's JSON entry: the headline numbers for the target the hook's layer matches
+        (delta at `target_iteration`), every target in `targets`, per-task sums when few tasks."""
+        T, fit, g = self.T, self.fits["model"], self.group
+        nan = np.full(T, np.nan)
+        r2 = {"r2": fit["r2"][:T], "r2_input": g.fit["r2"] if g.fit is not None else nan,
+              "r2_random_init": self.fits["random_init"]["r2"] if self.base is not None else nan,
+              "r2_shuffled": fit["r2"][T:]}
+        base = np.stack([r2[f"r2_{b}"] for b in self.baselines])
+        worst = td_probe.max_baseline(base)
+        top = np.where(np.isnan(base), -np.inf, base).argmax(0)
+        targets = {}
+        for t, name in enumerate(names):
+            row = {k: _num(v[t]) for k, v in r2.items()}
+            row["selectivity"] = _num(r2["r2"][t] - worst[t])
+            row["selectivity_ci"] = [_num(self.ci[0, t]), _num(self.ci[1, t])]
+            row["max_baseline"] = self.baselines[top[t]] if np.isfinite(worst[t]) else None
+            targets[name] = row
+        main = self.iteration  # index of td_error_<iteration>: the targets start with every delta_k
+        coef = fit["coef"][:, main]
+        cos = None
+        if self.direction is not None and self.kind == "columns" and coef.size == self.direction.size:
+            cos = weights.cosine(coef, self.direction)
+        out = {**targets[names[main]], "baselines": self.baselines, "alpha": float(fit["alpha"][main]),
+               "target": names[main], "target_iteration": self.iteration, "direction_cosine": cos,
+               "n_train": fit["n_train"], "n_test": fit["n_test"], "n_test_tasks": int(task_ids.size),
+               "per_task": None, "targets": targets}
+        if task_ids.size <= max_tasks:
+            gs, s = g.sums, self.sums
+            n, sy, syy = gs["n"][:, 0], gs["sy"][:, main], gs["syy"][:, main]
+            sst = syy - sy * sy / np.maximum(n, 1)  # about the task's own mean
+            out["per_task"] = {"task_id": task_ids.tolist(), "n_prompts": gs["n_prompts"][:, 0].astype(int).tolist(),
+                               "n_samples": n.astype(int).tolist(), "sst": sst.tolist(),
+                               "sse": s["sse"][:, main].tolist(),
+                               "r2": [_num(1 - e / t) if t > 0 else None for e, t in zip(s["sse"][:, main], sst)],
+                               "sse_input": gs["sse_input"][:, main].tolist() if g.fit is not None else None,
+                               "sse_random_init": s["sse_random_init"][:, main].tolist() if self.base is not None else None}
+        return out
+
+
+def _num(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+class ChunkSplit:
+    """Task folds of one chunk of prompts (by task id), which prompts the probes use (`fraction` of
+    the tasks, whole tasks, by hash), the targets and each prompt's partner (its row and targets)
+    for the shuffled control (`td_probe.PartnerChain`, carried from chunk to chunk)."""
+
+    def __init__(self, task: np.ndarray, rows: np.ndarray, Y: np.ndarray, chain: td_probe.PartnerChain, seed: int,
+                 test_fraction: float, folds: int, fraction: float = 1.0):
+        self.task, self.Y = task, Y
+        self.fold = td_probe.task_folds(task, seed, test_fraction, folds)
+        self.use = td_probe.task_subset(task, seed, fraction)
+        self.mate, self.Ys = chain.link(self.use, task, rows, Y)
+        self.keep = self.use & (self.mate >= 0)  # the recording's first task has no partner: left out
+        self.grouping = td_probe.fold_grouping(self.fold, self.keep, folds)  # sorted once for all probes
+
+
+class ProbeSet:
+    """Every TD probe of a recording, its baselines and the held-out evaluation.
+
+    Pass 1 (`update`, fed the analyzer's chunks) accumulates the fold statistics and remembers the
+    held-out (test-fold) prompts and their partners' rows: at most test_fraction x the probe tasks'
+    prompts, never the training ones. `finish` fits every probe, then reads the held-out prompts once
+    more (pass 2: only the probes' datasets, only those rows, and the partners' targets) to get
+    per-task residual sums with the fitted coefficients, which sufficient statistics cannot give
+    before the coefficients are known: the bootstrap interval of the selectivity resamples held-out
+    tasks from them.
+    """
+
+    def __init__(self, f, N: int, pos: int, n: int, opts):
+        self.targets = ProbeTargets(f, n)
+        self.N, self.opts = N, opts
+        self.has_ids = "prompts/task_id" in f
+        self.d_in = int(f["prompts/z"].shape[-1]) if "prompts/z" in f else None
+        self.pos, self.n = pos, n
+        self.probes: dict[tuple[int, str], ProbeStream] = {}
+        self.groups: dict[bytes, ColumnGroup] = {}
+        self.chain = td_probe.PartnerChain()
+        self.fraction = opts.probe_max_tasks / N if opts.probe_max_tasks > 0 else 1.0
+        self.test_rows: list[np.ndarray] = []
+        self.test_mates: list[np.ndarray] = []
+        self.test_tasks: list[np.ndarray] = []
+        self.task_ids = np.zeros(0, dtype=np.int64)
+
+    def add(self, layer: int, hook: str, ds, direction, baseline_ds=None) -> ProbeStream:
+        p = ProbeStream(hook, layer, ds, self.pos, self.n, self.opts.folds, direction, len(self.targets.names),
+                        baseline_ds)
+        key = np.asarray(p.cols).tobytes()
+        if key not in self.groups:
+            self.groups[key] = ColumnGroup(np.asarray(p.cols), self.d_in, len(self.targets.names), self.opts.folds)
+        p.group = self.groups[key]
+        self.probes[(layer, hook)] = p
+        return p
+
+    @property
+    def paths(self) -> list[str]:
+        out = set(self.targets.paths)
+        out.update(("prompts/task_id",) if self.has_ids else ())
+        out.update(("prompts/z",) if self.d_in is not None else ())
+        for p in self.probes.values():
+            out.update(x for x in (p.path, p.base_path) if x)
+        return sorted(out)
+
+    def _task(self, data: dict, rows: np.ndarray) -> np.ndarray:
+        """Task ids of the prompts at global indices `rows` (the index itself without task ids)."""
+        return np.asarray(data["prompts/task_id"], dtype=np.int64) if self.has_ids else rows
+
+    def update(self, chunk: Chunk) -> None:
+        o, data = self.opts, chunk.data
+        rows = np.arange(chunk.start, chunk.stop)
+        split = ChunkSplit(self._task(data, rows), rows, self.targets.gather(data), self.chain, o.seed,
+                           o.test_fraction, o.folds, self.fraction)
+        held = split.keep & (split.fold == o.folds)
+        if held.any():  # remembered for pass 2: the scored held-out prompts and their partners
+            self.test_rows.append(rows[held])
+            self.test_mates.append(split.mate[held])
+            self.test_tasks.append(np.unique(split.task[held]))
+        for g in self.groups.values():
+            g.update(data, split)
+        for p in self.probes.values():
+            p.update(data, split)
+
+    def finish(self, rec, rows: int) -> None:
+        """Fit every probe, then pass 2 over the scored held-out prompts (their features and targets,
+        and their partners' targets): per-task residual sums of every score."""
+        test = np.concatenate(self.test_rows) if self.test_rows else np.zeros(0, dtype=np.int64)
+        mates = np.concatenate(self.test_mates) if self.test_mates else np.zeros(0, dtype=np.int64)
+        ids = np.unique(np.concatenate(self.test_tasks)) if self.test_tasks else np.zeros(0, dtype=np.int64)
+        self.task_ids = ids
+        for g in self.groups.values():
+            g.start_scoring(ids.size)
+        for p in self.probes.values():
+            p.start_scoring(ids.size)
+        for idx, data in read_rows(rec, self.paths, test, rows):
+            # the partners' targets: earlier prompts, mostly within the same stretch of the file
+            u, back = np.unique(mates[np.searchsorted(test, idx)], return_inverse=True)
+            Ys = self.targets.gather(read_at(rec, self.targets.paths, u))[back.ravel()]
+            ok = np.ones(idx.size, dtype=bool)
+            slot = np.searchsorted(ids, self._task(data, idx))
+            Y = self.targets.gather(data)
+            for g in self.groups.values():
+                g.score(data, slot, ok, Y, Ys)
+            for p in self.probes.values():
+                p.score(data, slot, ok, Y, Ys)
+        if ids.size >= td_probe.MIN_CI_TASKS:
+            self._intervals()
+
+    def _intervals(self) -> None:
+        """Percentile bootstrap over held-out tasks of every probe's selectivity, per target: each
+        resample recomputes every R^2 (probe and baselines, so also which baseline is the largest)
+        from the resampled per-task sums. All sums sit side by side in one matrix, so one product
+        per block of resamples serves every probe."""
+        owners = list(self.groups.values()) + list(self.probes.values())
+        blocks, where, at = [], {}, 0
+        for obj in owners:
+            for name, arr in obj.sums.items():
+                where[(id(obj), name)] = slice(at, at + arr.shape[1])
+                at += arr.shape[1]
+                blocks.append(arr)
+        M = np.concatenate(blocks, 1)
+        view = lambda S, obj: {name: S[:, where[(id(obj), name)]] for name in obj.sums}  # noqa: E731
+        samples = {id(p): [] for p in self.probes.values()}
+        for S in td_probe.resampled_sums(M, self.opts.seed):
+            for p in self.probes.values():
+                samples[id(p)].append(p.selectivity(view(S, p.group), view(S, p)))
+        for p in self.probes.values():
+            p.ci = td_probe.percentile_interval(np.concatenate(samples[id(p)]), td_probe.LEVEL)
+
+    def result(self, layer: int, hook: str) -> dict:
+        return self.probes[(layer, hook)].result(self.targets.names, self.task_ids, self.opts.per_task_max)
+
+
+# ------------------------------------------------------------------ the analyzer
+def primary_probe(order: tuple[str, ...], layer: int, probes: dict) -> str | None:
+    """The hook whose R^2 is the contract's td_probe_r2: the first of `Hints.primary_probe` (hooks
+    relative to blocks.{layer}, where the construction puts delta) that was probed."""
+    for rel in order:
+        h = f"blocks.{layer}.{rel}"
+        if h in probes:
+            return h
+    return None
+
+
+class Probes:
+    """The analyzer's stream: the `ProbeSet` of a recording, and per layer its probes and headline."""
+
+    def __init__(self, probes: ProbeSet, ctx):
+        self.probes, self.reasons, self.n_layers = probes, ctx.reasons, ctx.n_layers
+        self.primary = ctx.hints.primary_probe if ctx.hints is not None else DEFAULT_PRIMARY_PROBE
+
+    @property
+    def paths(self) -> list[str]:
+        return self.probes.paths
+
+    def update(self, chunk: Chunk) -> None:
+        self.probes.update(chunk)
+
+    def finish(self, rec, rows: int) -> None:
+        """Pass 2: the held-out prompts only, for the per-task intervals."""
+        self.probes.finish(rec, rows)
+
+    def fields(self, layer: int) -> dict:
+        """One layer's entries: every probe of the layer and the headline numbers of the primary hook."""
+        layer_probes = guard(self.reasons, f"{TD_PROBE}.layer{layer}", lambda: {
+            h: self.probes.result(layer, h) for (ll, h) in self.probes.probes if ll == layer}) or {}
+        if not layer_probes:
+            return {}
+        hook = primary_probe(self.primary, layer, layer_probes)
+        head = {} if hook is None else layer_probes[hook]
+        # the headline: R^2 minus the largest baseline (input, random init, shuffled), with its interval
+        return {TD_PROBE: layer_probes, TD_PROBE_HOOK: hook, TD_PROBE_R2: head.get("r2"),
+                "td_probe_r2_shuffled": head.get("r2_shuffled"), TD_PROBE_SELECTIVITY: head.get("selectivity"),
+                TD_PROBE_SELECTIVITY_CI: head.get("selectivity_ci"), "td_probe_baseline": head.get("max_baseline")}
+
+    def finalize(self) -> dict:
+        by_layer = {layer: self.fields(layer) for layer in range(self.n_layers)}
+        return {LAYERS: {layer: f for layer, f in by_layer.items() if f}}
+
+
+def open_probes(ctx):
+    """A probe of every hook of every layer the reference has a TD error for."""
+    facts, f = ctx.facts, ctx.f
+    if not facts.has_ref:
+        ctx.reasons[TD_PROBE] = "no /reference/td_errors in the recording"
+        return None
+    probes = ProbeSet(f, facts.N, facts.pos, facts.n, ctx.opts)
+    if probes.targets.note:
+        ctx.reasons[f"{TD_PROBE}.values"] = probes.targets.note
+    direction = td_direction(ctx.hints, ctx.layout)
+    steps = f["reference/td_errors"].shape[1]
+    for l in range(ctx.n_layers):
+        for h in sorted(x for x in facts.hooks if x.startswith(f"blocks.{l}.")):
+            it = probe_iteration(h, l)
+            if it >= steps:
+                ctx.reasons[f"{TD_PROBE}.{h}"] = f"no reference TD error for iteration {it}"
+                continue
+            try:
+                base = f.get(f"baseline/acts/{h}")  # the same hook at random initialization, when recorded
+                p = probes.add(l, h, f[f"acts/{h}"], direction if h.endswith("hook_resid_post") else None, base)
+                if p.base_note and "baseline" in f:
+                    ctx.reasons[f"{TD_PROBE}.{h}.random_init"] = p.base_note
+            except ValueError as e:
+                ctx.reasons[f"{TD_PROBE}.{h}"] = str(e)
+    return Probes(probes, ctx) if probes.probes else None
+
+
+def selectivity_text(value, ci) -> str:
+    """'+0.131 [+0.101, +0.173]' (the interval left out when the analysis has none)."""
+    lo, hi = (ci if isinstance(ci, list) and len(ci) == 2 else [None, None])
+    text = f"{num(value):+.3f}"
+    return text + (f" [{num(lo):+.3f}, {num(hi):+.3f}]" if num(lo) is not None and num(hi) is not None else "")
+
+
+def last_selectivity(analysis) -> str | None:
+    """The last layer's headline selectivity with its interval, as text (None: no layer has one)."""
+    sel = [x for x in layers(analysis) if num(x.get(TD_PROBE_SELECTIVITY)) is not None]
+    return selectivity_text(sel[-1][TD_PROBE_SELECTIVITY], sel[-1].get(TD_PROBE_SELECTIVITY_CI)) if sel else None
+
+
+register(Analyzer(
+    name="probes", reason_key=TD_PROBE, open=open_probes, roles=("resid_pre", "resid_post", "pattern", "attn_out"),
+    arrays=("reference/td_errors", "reference/values", "prompts/z", "prompts/task_id"), layer_keys=(TD_PROBE_R2,),
+    summary="held-out ridge probes of every hook to the reference TD error, against the input, random-init and "
+            "shuffled baselines",
+    computed=lambda a: any_layer(a, TD_PROBE_R2, TD_PROBE),
+    missing="not applicable: no hook to probe",
+    columns=(Column(TD_PROBE_SELECTIVITY, "TD-probe selectivity [95% CI] (last layer)", last_selectivity, "{}",
+                    "probe sel. [CI]", "probe sel.: TD-probe R² minus the largest of its input, random-init and "
+                    "shuffled baselines, with its 95% interval over held-out tasks (last layer; ≈ 0: nothing beyond "
+                    "the input)"),)))
