@@ -60,7 +60,7 @@ RENAMED = {
     "models.softmax_ictd": {"SoftmaxTDModel": "SoftmaxICTDModel"},
     "models": {"LinearTDModel": "MaskedLinearAttentionModel", "SoftmaxTDModel": "SoftmaxICTDModel"},
 }
-"""New module path -> {old attribute name: new attribute name} (classes named for their family before 0.4)."""
+"""New module path -> {old attribute name: new attribute name} (classes named for their family in 0.1)."""
 
 
 def _warn(old: str, new: str) -> None:
@@ -74,14 +74,14 @@ def old_attribute(module: str, name: str):
     module that became this package (`icrl_interp.recording.Recording`). Raises AttributeError otherwise."""
     rel = module[len(PACKAGE) + 1:] if module.startswith(PACKAGE + ".") else ""
     sub = f"{rel}.{name}" if rel else name
-    if sub in MOVED and sub != rel:
+    if sub in MOVED:
         _warn(f"{module}.{name}", f"{PACKAGE}.{MOVED[sub]}")
         return importlib.import_module(f"{PACKAGE}.{MOVED[sub]}")
     new_name = RENAMED.get(rel, {}).get(name)
     if new_name:
         _warn(f"{module}.{name}", f"{module}.{new_name}")
         return getattr(importlib.import_module(module), new_name)
-    if rel in MOVED and MOVED[rel] != rel:  # a flat module whose name is now this package's
+    if rel in MOVED:  # a flat module whose name is now this package's
         target = importlib.import_module(f"{PACKAGE}.{MOVED[rel]}")
         if hasattr(target, name):
             _warn(f"{module}.{name}", f"{target.__name__}.{name}")
@@ -90,7 +90,7 @@ def old_attribute(module: str, name: str):
 
 
 class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds an old module path and hands back its new home (with the renamed names added on a view)."""
+    """Finds an old module path and hands back its new home, the renamed names of RENAMED set on it too."""
 
     def find_spec(self, fullname, path=None, target=None):
         rel = fullname[len(PACKAGE) + 1:] if fullname.startswith(PACKAGE + ".") else None
