@@ -5,7 +5,7 @@ many inputs with 1, 2 and 4 workers (not a timed test; docs/benchmarks.md, docs/
     .venv/bin/python benchmarks/bench_cluster.py --runs 4 --checkpoints 4 --steps 8
 
 For each scheduler the table gives the start-up (a LocalCluster of N workers started and every worker
-made to import the package's models, torch and transformer_lens: what a fresh cluster pays once) and
+made to import the package's models and torch: what a fresh cluster pays once) and
 the work on the warm cluster, reached as an existing one (`--scheduler tcp://...`). `serial` runs in
 this process, which imported the same modules before timing.
 

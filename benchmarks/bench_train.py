@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="steps per family for the throughput runs")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    import icrl_interp.models.build  # noqa: F401  (import transformer_lens before timing)
+    import icrl_interp.models.build  # noqa: F401  (import the models before timing)
     print(f"{'family':<11} {'steps':>6} {'tasks':>6} {'seconds':>8} {'steps/s':>8} {'tasks/s':>8}")
     families = ["linear-td"] if args.full else list(REPRO)
     for family in families:

@@ -1,4 +1,4 @@
-"""Both example models end to end from Python: train -> record -> analyze -> causal test -> report.
+"""The example models end to end from Python: train -> record -> analyze -> causal test -> verdict -> report.
 
     .venv/bin/python examples/run_all.py --out example-runs        # full size (a few minutes of CPU)
     .venv/bin/python examples/run_all.py --out /tmp/x --quick      # tiny: seconds, numbers meaningless
@@ -11,8 +11,11 @@ The same as `examples/run_all.sh` (the command line), through the Python API:
     icrl_interp.analyze("torch.h5")                                     # the analysis dict
     icrl_interp.interventions.causal.causal_test(model, task, layer=0, probe=...)     # the causal section
 
-Writes into --out, per model X (torch, tl): X_model.safetensors, X_train.json (value errors before and
-after training), X.h5 (recording), X.json (analysis), X_causal.json (+ .png); and report/index.html.
+Writes into --out, per model X (torch, tl, decoy): X_model.safetensors, X_train.json (value errors before and
+after training), X.h5 (recording), X.json (analysis), X_causal.json (+ .png), X_verdict.json; and
+report/index.html, which opens with each model's verdict and causal conclusion. `decoy` is torch_model.py
+trained on the query state's immediate reward instead of its value: it runs no RL algorithm, and the toolkit
+must not call it TD.
 """
 from __future__ import annotations
 
@@ -25,8 +28,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 MODELS = {
-    "torch": {"file": HERE / "torch_model.py", "probe": HERE / "torch_model.toml"},
-    "tl": {"file": HERE / "tl_model.py", "probe": None},  # a TransformerLens model needs no probe spec
+    "torch": {"file": HERE / "torch_model.py", "probe": HERE / "torch_model.toml", "target": "value"},
+    "tl": {"file": HERE / "tl_model.py", "probe": None, "target": "value"},  # TransformerLens: no probe spec
+    # the same architecture as torch, trained on r(s_q): a model of TD with discount 0, no bootstrapping
+    "decoy": {"file": HERE / "torch_model.py", "probe": HERE / "torch_model.toml", "target": "reward"},
 }
 CAUSAL_LAYER = 0
 """The causal test edits the context columns of this layer's residual stream. After the LAST layer no
@@ -35,10 +40,10 @@ is run at layer 0, whose context columns the next block's attention reads."""
 
 
 def example_module(which: str):
-    """The example's module (torch_model / tl_model), imported from this folder."""
+    """The example's module (torch_model / tl_model; the decoy's is torch_model), imported from this folder."""
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
-    return importlib.import_module(f"{which}_model")
+    return importlib.import_module(MODELS[which]["file"].stem)
 
 
 def run_one(which: str, out: Path, *, steps: int, tasks: int, seed: int = 0, causal_tasks: int = 256,
@@ -59,10 +64,11 @@ def run_one(which: str, out: Path, *, steps: int, tasks: int, seed: int = 0, cau
     probe = None if spec["probe"] is None else str(spec["probe"])
     weights = out / f"{which}_model.safetensors"
     paths = {"weights": weights, "train": out / f"{which}_train.json", "recording": out / f"{which}.h5",
-             "analysis": out / f"{which}.json", "causal": out / f"{which}_causal.json"}
+             "analysis": out / f"{which}.json", "causal": out / f"{which}_causal.json",
+             "verdict": out / f"{which}_verdict.json"}
 
-    say(f"== {which}: train ({steps} steps)")
-    trained = module.train(steps, seed, weights, quiet=quiet, **(train_options or {}))
+    say(f"== {which}: train ({steps} steps, target: {spec['target']} at the query state)")
+    trained = module.train(steps, seed, weights, quiet=quiet, target=spec["target"], **(train_options or {}))
     write_json(paths["train"], {k: v for k, v in trained.items() if k != "model"})
 
     # load it back the way `icrl-interp record --model FILE.py:make --weights W` does (strict)
@@ -83,10 +89,14 @@ def run_one(which: str, out: Path, *, steps: int, tasks: int, seed: int = 0, cau
     section = causal_test(model, task_config(TASK, TASK_OPTIONS), CAUSAL_LAYER, probe=probe, tasks=causal_tasks,
                           seed=seed, random_draws=random_draws, bootstrap=bootstrap)
     write_json(paths["causal"], {"schema": CAUSAL_SCHEMA, "source": f"{spec['file']}:make", "causal": section})
-    comparison = section.get("baseline", {}).get("comparison")
-    if comparison:  # the trained model against its random-init copy (docs/causal.md)
-        say(f"   exceeds random init: {comparison['exceeds_random_init']}")
-    return {"paths": paths, "train": trained, "summary": summary, "analysis": analysis, "causal": section}
+    say(f"   conclusion: {section.get('conclusion', '—')}: {section.get('conclusion_reason', '')}")
+
+    say(f"== {which}: verdict -> {paths['verdict']}")
+    verdict = icrl_interp.verdict(str(paths["recording"]), bootstrap=bootstrap, progress=False)
+    write_json(paths["verdict"], verdict)
+    say(f"   {verdict['verdict']['text']}")
+    return {"paths": paths, "train": trained, "summary": summary, "analysis": analysis, "causal": section,
+            "verdict": verdict}
 
 
 def main(argv=None) -> int:
@@ -111,9 +121,12 @@ def main(argv=None) -> int:
     if not args.no_report:
         from icrl_interp.report import ReportConfig, build_report
 
-        inputs = [str(r["paths"][k]) for k in ("recording", "causal") for r in results.values()]
+        from icrl_interp.report.answers import text as answers_text
+
+        inputs = [str(r["paths"][k]) for k in ("recording", "causal", "verdict") for r in results.values()]
         outcome = build_report(inputs, out / "report",
                                ReportConfig(progress=False))
+        print(answers_text(outcome.results))
         print(f"report: {Path(outcome.out_dir) / 'index.html'}")
     for which, r in results.items():
         t = r["train"]
@@ -123,6 +136,7 @@ def main(argv=None) -> int:
         if comparison:
             print(f"{which}: causal layer {CAUSAL_LAYER} against the random-init copy: "
                   f"{comparison['exceeds_random_init']}")
+        print(f"{which}: verdict: {r['verdict']['verdict']['text']}")
     print(f"done in {time.perf_counter() - t0:.0f} s; outputs in {out}")
     return 0
 

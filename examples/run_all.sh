@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Both example models end to end on the command line: train -> record -> analyze -> causal -> report.
+# The example models end to end on the command line: train -> record -> analyze -> causal -> verdict -> report.
+# torch and tl are trained on the query state's value; decoy is torch_model.py trained on its immediate
+# reward (no RL algorithm: the toolkit must not call it TD).
 #
 #   examples/run_all.sh [OUT]             # full size: OUT (default example-runs)
 #   STEPS=5 TASKS=256 examples/run_all.sh /tmp/quick   # a smoke test
-#   MODELS=tl examples/run_all.sh OUT     # one model only (torch, tl or both: "torch tl")
+#   MODELS=tl examples/run_all.sh OUT     # one model only (any of "torch tl decoy")
 #
 # examples/run_all.py does the same through the Python API. Run from anywhere; paths are relative to
 # the repository root, and the commands come from .venv (override with BIN=...).
@@ -15,23 +17,25 @@ STEPS=${STEPS:-1200}        # training steps per model (batch 256, fresh tasks e
 TASKS=${TASKS:-2048}        # prompts recorded per model
 CAUSAL_TASKS=${CAUSAL_TASKS:-256}
 THREADS=${THREADS:-1}       # torch threads for training: one is fastest for these tiny products on a busy box
-MODELS=${MODELS:-torch tl}  # which example models
+MODELS=${MODELS:-torch tl decoy}  # which example models
 TASK=(--task linear-td --d 4 --n 30 --n-layers 3)   # the task the models are trained on
 mkdir -p "$OUT"
 
 REPORT_INPUTS=()
 for X in $MODELS; do
-  case "$X" in torch|tl) ;; *) echo "MODELS: unknown model '$X' (torch, tl)" >&2; exit 2;; esac
+  case "$X" in torch|tl) FILE=$X; TARGET=value;; decoy) FILE=torch; TARGET=reward;;
+    *) echo "MODELS: unknown model '$X' (torch, tl, decoy)" >&2; exit 2;; esac
   PROBE=()
-  if [ "$X" = torch ]; then PROBE=(--probe examples/torch_model.toml); fi   # TransformerLens needs none
+  if [ "$FILE" = torch ]; then PROBE=(--probe examples/torch_model.toml); fi   # TransformerLens needs none
   W="$OUT/${X}_model.safetensors"
 
-  echo "== $X: train"
-  "$BIN/python" examples/train_example.py "$X" --steps "$STEPS" --threads "$THREADS" --out "$W" --json "$OUT/${X}_train.json"
+  echo "== $X: train (target: $TARGET at the query state)"
+  "$BIN/python" examples/train_example.py "$FILE" --target "$TARGET" --steps "$STEPS" --threads "$THREADS" \
+      --out "$W" --json "$OUT/${X}_train.json"
 
   echo "== $X: record"
   rm -f "$OUT/$X.h5"   # record refuses to overwrite a recording
-  "$BIN/icrl-interp" record --model "examples/${X}_model.py:make" --weights "$W" "${TASK[@]}" \
+  "$BIN/icrl-interp" record --model "examples/${FILE}_model.py:make" --weights "$W" "${TASK[@]}" \
       ${PROBE[@]+"${PROBE[@]}"} --tasks "$TASKS" --out "$OUT/$X.h5" --no-progress
 
   echo "== $X: analyze"
@@ -41,10 +45,15 @@ for X in $MODELS; do
   # attention reads them any more, so an edit there cannot reach the output at the query. The same
   # test runs on the random-init copy, and the table ends with "exceeds random init (erasure): yes/no".
   echo "== $X: causal"
-  "$BIN/icrl-interp" causal --model "examples/${X}_model.py:make" --weights "$W" "${TASK[@]}" \
+  "$BIN/icrl-interp" causal --model "examples/${FILE}_model.py:make" --weights "$W" "${TASK[@]}" \
       ${PROBE[@]+"${PROBE[@]}"} --layer 0 --tasks "$CAUSAL_TASKS" \
       --json "$OUT/${X}_causal.json" --figure "$OUT/${X}_causal.png"
-  REPORT_INPUTS+=("$OUT/$X.h5" "$OUT/${X}_causal.json")
+
+  # Which candidate algorithm the recorded model runs (behaviour and probes; docs/verdict.md). The report
+  # pairs X_verdict.json with X_causal.json by name and opens with both answers.
+  echo "== $X: verdict"
+  "$BIN/icrl-interp" verdict "$OUT/$X.h5" --json "$OUT/${X}_verdict.json" --figure "$OUT/${X}_verdict.png"
+  REPORT_INPUTS+=("$OUT/$X.h5" "$OUT/${X}_causal.json" "$OUT/${X}_verdict.json")
 done
 
 echo "== report"

@@ -11,6 +11,11 @@ s_q = prompt.states[b, -1] (exact, from (I - gamma P)^-1 r), not the reference a
 
     python examples/train_example.py torch --steps 1200 --out torch_model.safetensors
     python examples/train_example.py tl    --steps 1200 --out tl_model.safetensors
+    python examples/train_example.py torch --target reward --steps 1200 --out decoy_model.safetensors
+
+`--target reward` trains the decoy: the same architecture on the query state's IMMEDIATE reward r(s_q)
+(= tasks["r"][b, s_q]), a model of TD with discount 0, which runs no bootstrapping at all. The toolkit must
+not call it TD: its verdict must be "none fits" or "reward regression", its causal conclusion not "yes".
 
 Each model module (`torch_model.py`, `tl_model.py`) has `make()` (the untrained module) and
 `train(steps, seed, out)`, which call `fit` below.
@@ -34,6 +39,9 @@ TASK_OPTIONS = {"d": 4, "n": 30, "n_layers": 3}
 """The task the examples are trained and recorded on (the flags --d 4 --n 30 --n-layers 3)."""
 HELD_OUT_SEED = 20_000
 """Seed of the held-out tasks the value error is measured on (training uses other streams)."""
+TARGETS = {"value": "values", "reward": "r"}
+"""What a model is trained to predict at the query state s_q: its true value v_pi(s_q), or (the decoy) its
+immediate reward r(s_q); the key of the task's table (`tasks[...]`, [batch, states])."""
 
 
 def task():
@@ -43,12 +51,13 @@ def task():
     return task_config(TASK, TASK_OPTIONS)
 
 
-def batch(config, size: int, rng) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """`size` fresh tasks: prompts z [size, pos, d_model] (float32), the true value of each query state
-    [size, 1], and the batch's reference run (batch TD after `layers` steps) for comparison."""
+def batch(config, size: int, rng, target: str = "value") -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """`size` fresh tasks: prompts z [size, pos, d_model] (float32), the target at each query state [size, 1]
+    (`TARGETS`: the true value, or the immediate reward), and the batch's reference run (batch TD after
+    `layers` steps) for comparison."""
     pb = config.sample(size, rng)
     query = pb.prompt.states[:, -1]
-    v_query = pb.tasks["values"][np.arange(size), query]
+    v_query = pb.tasks[TARGETS[target]][np.arange(size), query]
     z = torch.from_numpy(np.ascontiguousarray(pb.prompt.z, dtype=np.float32))
     target = torch.from_numpy(v_query.astype(np.float32)).unsqueeze(-1)
     return z, target, pb.reference
@@ -70,14 +79,14 @@ def value_error(model: nn.Module, z: torch.Tensor, target: torch.Tensor, chunk: 
             "unexplained": mse / float(target.var(unbiased=False))}
 
 
-def held_out(size: int = 2048):
-    """The held-out tasks (fixed seed): z, v_pi(s_q), and the reference run's output on them."""
-    z, target, ref = batch(task(), size, np.random.default_rng(HELD_OUT_SEED))
+def held_out(size: int = 2048, target: str = "value"):
+    """The held-out tasks (fixed seed): z, the target at s_q, and the reference run's output on them."""
+    z, target, ref = batch(task(), size, np.random.default_rng(HELD_OUT_SEED), target)
     return z, target, torch.from_numpy(np.asarray(ref["output"], dtype=np.float32))
 
 
 def fit(make, steps: int = 1200, seed: int = 0, out=None, *, batch_size: int = 256, lr: float = 3e-3,
-        held_out_size: int = 2048, log_every: int = 250, quiet: bool = False) -> dict:
+        held_out_size: int = 2048, log_every: int = 250, quiet: bool = False, target: str = "value") -> dict:
     """Train `make()` by Adam on the squared error to v_pi(s_q), fresh tasks every step, with a short
     warm-up and a cosine decay; save the weights (safetensors state dict) to `out` when given.
 
@@ -91,7 +100,7 @@ def fit(make, steps: int = 1200, seed: int = 0, out=None, *, batch_size: int = 2
     torch.manual_seed(seed)
     model = make()
     config = task()
-    z_test, v_test, ref_test = held_out(held_out_size)
+    z_test, v_test, ref_test = held_out(held_out_size, target)
     before = value_error(model, z_test, v_test)
     reference = float(((ref_test - v_test) ** 2).mean()) ** 0.5
     mean_rmse = float(v_test.std(unbiased=False))
@@ -110,7 +119,7 @@ def fit(make, steps: int = 1200, seed: int = 0, out=None, *, batch_size: int = 2
     running = None
     for step in range(steps):
         if not pool:
-            z_all, v_all, _ = batch(config, chunk, rng)
+            z_all, v_all, _ = batch(config, chunk, rng, target)
             pool = list(zip(z_all.split(batch_size), v_all.split(batch_size)))
         z, v = pool.pop()
         loss = ((model(z).reshape(-1, 1) - v) ** 2).mean()
@@ -145,12 +154,16 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="weights file (default: <which>_model.safetensors)")
     p.add_argument("--json", help="also write the numbers as JSON here")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    p.add_argument("--target", choices=tuple(TARGETS), default="value",
+                   help="what to predict at the query state: its true value (default), or its immediate reward "
+                        "(the decoy: no RL algorithm, TD with discount 0)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     module = importlib.import_module(f"{args.which}_model")
-    result = module.train(args.steps, args.seed, args.out or f"{args.which}_model.safetensors")
+    default = f"{args.which}_model.safetensors" if args.target == "value" else "decoy_model.safetensors"
+    result = module.train(args.steps, args.seed, args.out or default, target=args.target)
     if args.json:
         result = {k: v for k, v in result.items() if k != "model"}
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

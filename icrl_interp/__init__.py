@@ -44,7 +44,7 @@ def analyze(path_or_model, task=None, **options) -> dict:
 
 
 def verdict(source=None, **options) -> dict:
-    """Which candidate RL algorithm a model runs: the verdict JSON (`icrl_interp.verdict/1`) of a recording, or
+    """Which candidate RL algorithm a model runs: the verdict JSON (`icrl_interp.verdict/2`) of a recording, or
     of a model (`model=`, with `task=` when there is no recording; then with causal evidence); see
     `icrl_interp.verdicts.causal_evidence.verdict` and docs/verdict.md."""
     from .verdicts.causal_evidence import verdict as _verdict

@@ -5,8 +5,10 @@
 * every dependency of the `test` extra is used by the tests (imported under tests/, named in pytest's
   addopts, or the build backend the packaging test builds with) and never imported by the package;
   every third-party module the tests import comes from a core or test dependency;
-* the TransformerLens range admits only releases with `HookedTransformer` (3.x; 4.x removed it), the
-  class the documented TransformerLens route (docs/byom.md, examples/tl_model.py) builds on.
+* TransformerLens is optional (the `tl` extra, and in the `test` extra): the package's own models carry TL's
+  hook API (icrl_interp/models/hooks.py), so the package imports it nowhere; its range admits only releases
+  with `HookedTransformer` (3.x; 4.x removed it), the class the documented TransformerLens route
+  (docs/byom.md, examples/tl_model.py) builds on.
 
 Which distribution provides which module comes from the installed metadata
 (`importlib.metadata.packages_distributions`), so nothing here is a hand-kept list of names.
@@ -123,9 +125,11 @@ def test_the_finder_sees_every_kind_of_import(tmp_path, monkeypatch):
     assert set(_imported("pkg")) == {"numpy", "h5py", "psutil", "mkdocs"}
 
 
-def test_transformer_lens_range_excludes_the_release_without_hooked_transformer():
+@pytest.mark.parametrize("extra", ["tl", "test"])
+def test_transformer_lens_range_excludes_the_release_without_hooked_transformer(extra):
     """4.0 removed `HookedTransformer`: the range stops before it, and admits the pinned, tested release."""
-    tl = CORE["transformer-lens"]
+    assert "transformer-lens" not in CORE  # optional: the package never imports it
+    tl = _requirements(PYPROJECT["project"]["optional-dependencies"][extra])["transformer-lens"]
     assert not tl.specifier.contains("4.0.0", prereleases=True)
     assert not tl.specifier.contains("4.0.0rc1", prereleases=True)
     assert tl.specifier.contains(version("transformer-lens"))

@@ -245,7 +245,7 @@ def test_causal_each_input_form(work, tmp_path):
     run(["causal", *MODEL, *tiny, "--json", str(tmp_path / "m.json")])  # --model
     for name in ("c", "m"):
         c = _json(tmp_path / f"{name}.json")
-        assert c["schema"] == "icrl_interp.causal/1" and c["causal"]["erasure"]["output_change"]["td"]
+        assert c["schema"] == "icrl_interp.causal/2" and c["causal"]["erasure"]["output_change"]["td"]
 
 
 def test_verdict_each_input_form(work, tmp_path):

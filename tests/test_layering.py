@@ -18,7 +18,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "icrl_interp"
 
 LAYERS: list[str] = ["core", "tasks", "families", "models", "recording", "analyzers", "interventions", "verdicts",
-                     "train", "report", "commands"]
+                     "train", "zoo", "report", "commands"]
 """The folders of icrl_interp/, lowest layer first."""
 TOP_LEVEL = {"icrl_interp._version": "core", "icrl_interp._compat": "core", "icrl_interp.cli": "commands",
              "icrl_interp": "commands"}

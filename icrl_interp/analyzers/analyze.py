@@ -53,11 +53,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core import threads
 from ..core.errors import UserError
 from ..core.files import json_clean
 from ..families import registry
 from ..tasks.layouts import PromptLayout
-from . import inputs, registry as analyzer_registry, weights
+from . import inputs, registry as analyzer_registry, td_probe, weights
 from .base import (ANALYSIS, NOT_APPLICABLE, Analyzer, Chunk, Context, Facts, Subject, failure, guard,
                    resolve)
 from .keys import (ACTIVATIONS, GENERIC, KERNEL_DIAGONALITY, LAYER, LAYERS, SECTIONS, SKIPPED, TD_PROBE_R2,
@@ -282,6 +283,7 @@ def _live_checkpoint(path: Path, opts: AnalyzeOptions) -> dict:
 
 
 # ------------------------------------------------------------- live: from the forward pass
+@threads.limited()  # BLAS / torch threads at most the cores this process may use (core/threads.py)
 def analyze_model(model, task, *, task_options: dict | None = None, probe=None, tasks: int = 512,
                   batch_size: int = 128, seed: int = 0, baseline: str = "random-init", prompts=None,
                   out=None, options: AnalyzeOptions | None = None, name: str | None = None,
@@ -292,7 +294,8 @@ def analyze_model(model, task, *, task_options: dict | None = None, probe=None, 
     `baseline`: 'random-init' also runs the same architecture at random initialization (the probes'
     and readouts' baseline), 'none' does not. `out`: also write the recording there, in the same pass
     (`record --also-analyze`). `options`: the analysis knobs (`AnalyzeOptions`). `device`: where the
-    model runs ('cpu', 'cuda', 'auto'; None: where it is); the analyzers run on the CPU."""
+    model runs ('cpu', 'cuda', 'auto'; None: where it is); the analyzers run on the CPU, except the TD
+    probes' GEMMs, which run on the model's device when that is not the CPU (`td_probe.on_device`)."""
     from ..recording.live import open_live  # torch: only when a model is run
     from ..recording.recorder import spec_and_source
 
@@ -301,7 +304,8 @@ def analyze_model(model, task, *, task_options: dict | None = None, probe=None, 
                                    prompts=prompts)
     name = name or type(model).__name__
     with open_live(model, spec, source, name=name, out=out, batch_size=batch_size, baseline=baseline,
-                   checkpoint_sha256=checkpoint_sha256, outputs="require", progress=progress, device=device) as rec:
+                   checkpoint_sha256=checkpoint_sha256, outputs="require", progress=progress, device=device) as rec, \
+            td_probe.on_device(next((p.device for p in model.parameters()), None)):  # a GPU model: probes' GEMMs there
         result = analyze_open(rec, opts, source=name, kind="live")
         n_batches = rec.f.run.n_batches
         result["live"] = {
@@ -539,6 +543,7 @@ def table_lines(analysis: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------ public
+@threads.limited()  # BLAS / torch threads at most the cores this process may use (core/threads.py)
 def analyze(path, options: AnalyzeOptions | None = None, **overrides) -> dict:
     """Analyze one checkpoint directory, recording or TL-weights file; returns the contract dict."""
     opts = options or AnalyzeOptions()

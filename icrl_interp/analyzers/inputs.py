@@ -5,7 +5,7 @@ Inputs: a checkpoint directory (config.json + model.safetensors), an HDF5 record
 (docs/formats.md), or a `.safetensors` file of TransformerLens weights (analyzed with a
 user-supplied layout). A directory that is not a checkpoint is searched for checkpoints and
 recordings (`discover`); `icrl-interp analyze` and `icrl-interp report` both use it. The report also
-takes causal JSON files (`icrl-interp causal --json`, schema `icrl_interp.causal/1`; `discover(...,
+takes causal JSON files (`icrl-interp causal --json`, schema `icrl_interp.causal/2`; `discover(...,
 causal=True)`).
 """
 from __future__ import annotations
@@ -26,12 +26,14 @@ from ..tasks.layouts import PromptLayout
 RECORDING_SUFFIXES = (".h5", ".hdf5")
 STEP_DIR = re.compile(r"^step_(\d+)$")
 """Checkpoints of a training run: <run>/checkpoints/step_<n>/."""
-CAUSAL_SCHEMA = "icrl_interp.causal/1"
+CAUSAL_SCHEMA = "icrl_interp.causal/2"
 """Top-level `schema` of a causal JSON (`causal.SCHEMA`, written by `icrl-interp causal --json`)."""
 CAUSAL_MAX_BYTES = 64 << 20
 """A .json file above this size found while scanning a directory is not read (a causal JSON is a few kB)."""
-VERDICT_SCHEMA = "icrl_interp.verdict/1"
-"""Top-level `schema` of a verdict JSON (`analyzers.verdict.SCHEMA`, written by `icrl-interp verdict --json`)."""
+VERDICT_SCHEMA = "icrl_interp.verdict/2"
+"""Top-level `schema` of a verdict JSON (`verdicts.behaviour.SCHEMA`, written by `icrl-interp verdict --json`)."""
+VERDICT_SCHEMAS = (VERDICT_SCHEMA, "icrl_interp.verdict/1")
+"""The verdict schemas read (version 2 adds fields to version 1: fitted parameters, decoys, OOD checks)."""
 SKIP_DIRS = ("cache",)
 """Directory names never searched (the report's analysis cache); hidden directories are skipped too."""
 
@@ -89,8 +91,8 @@ def is_causal_json(path) -> bool:
 
 
 def is_verdict_json(path) -> bool:
-    """A `.json` file whose top-level `schema` is exactly `VERDICT_SCHEMA` (`icrl-interp verdict --json`)."""
-    return json_schema(path) == VERDICT_SCHEMA
+    """A `.json` file whose top-level `schema` is one of `VERDICT_SCHEMAS` (`icrl-interp verdict --json`)."""
+    return json_schema(path) in VERDICT_SCHEMAS
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ def _scan(root: Path, causal: bool = False) -> list[Found]:
                 found.append(Found(here / f, "recording"))
             elif causal and f.endswith(".json"):  # any other .json found here is not an input
                 schema = json_schema(here / f)
-                if schema in (CAUSAL_SCHEMA, VERDICT_SCHEMA):
+                if schema == CAUSAL_SCHEMA or schema in VERDICT_SCHEMAS:
                     found.append(Found(here / f, "causal" if schema == CAUSAL_SCHEMA else "verdict"))
     return found
 

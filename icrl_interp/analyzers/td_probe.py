@@ -26,13 +26,27 @@ Selectivity: `probes.ProbeSet` fits every probe and its baselines with this modu
 the held-out prompts once more with the fitted coefficients (`residual_sums`) for per-task sums,
 from which `resampled_sums` / `percentile_interval` give a bootstrap interval over held-out tasks.
 
-All statistics of a fold live in one Gram matrix G = Z^T Z with Z = [X - x0, Y - y0, 1]: one BLAS
-call per update. The control is just more target columns (the partner's Y), so it shares X^T X
-with the probe.
+All statistics of a fold live in one Gram matrix G = Z^T Z with Z = [X - x0, Y - y0, 1]. What is
+shared is computed once: the shuffled control is just more target columns (the partner's Y), so it
+shares X^T X with the probe and every target; the targets' own sums and squares are built once per
+chunk for every probe on the same columns (`TargetBlock`), and so is the input baseline (one
+accumulator per column set, `probes.ColumnGroup`). Per chunk a probe adds its features' products
+per fold (`numpy_products`, or `TorchProducts` on the model's device in a live analysis on a GPU:
+one batched GEMM for every fold).
+
+Floats: the statistics are always accumulated in float64 across chunks (`ProbeAccumulator.G`). Within
+a chunk, X^T X is computed in the features' own dtype, shifted by their first kept samples' mean
+(float32 activations: a float32 GEMM, whose relative rounding, ~sqrt(rows) eps32, is the order of the
+activations' own float32 rounding) and X^T Y in float64; float64 activations (the input baseline,
+float64 recordings) are float64 throughout. `TorchProducts` follows the same rule with its GEMM in one
+dtype (float32 features: X^T Y in float32 too), and agrees with the numpy path within k eps of that
+dtype at the products' scale (tests/analyzers/test_td_probe_gemm.py).
 """
 from __future__ import annotations
 
+import contextvars
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -268,10 +282,71 @@ class TargetBlock:
         self.squares = [np.einsum("ij,ij->j", p, p) for p in parts]
 
 
+def numpy_products(X: np.ndarray, rows: np.ndarray, x0: np.ndarray, Y: np.ndarray, bounds: np.ndarray):
+    """(X_f^T X_f [f, F, F], X_f^T Y_f [f, F, T], column sums of X_f [f, F]) of every fold f, float64,
+    where X_f are the samples bounds[f]:bounds[f+1] of X[rows] (prompts sorted by fold, each with its
+    columns) shifted by x0, and Y_f the same rows of Y. Folds with no samples give zeros."""
+    F, folds = X.shape[-1], len(bounds) - 1
+    Xz = X[rows].reshape(-1, F) - x0  # rows sorted by fold, so each fold is a slice
+    XX, XY, sx = np.zeros((folds, F, F)), np.zeros((folds, F, Y.shape[1])), np.zeros((folds, F))
+    for f in range(folds):
+        lo, hi = bounds[f], bounds[f + 1]
+        if hi > lo:
+            Xf = Xz[lo:hi]
+            XX[f], XY[f], sx[f] = Xf.T @ Xf, Xf.T @ Y[lo:hi], Xf.sum(0)
+    return XX, XY, sx
+
+
+class TorchProducts:
+    """`numpy_products` with torch on `device`, as one batched GEMM per chunk: the fold-sorted samples
+    padded to [folds, m, F + 1 + T] (zero rows add nothing), Z_f^T [X_f | 1 | Y_f] gives X^T X, the
+    column sums and X^T Y of every fold at once. The shift by x0 is done in float64, the GEMM in
+    `dtype` (None: float32 for float32 features, else float64; the module's note on floats), and the
+    results come back as float64 numpy for the accumulator. Live analysis on a GPU uses it (`on_device`); on the CPU the
+    numpy path stays, so that a live analysis equals the recording's bit for bit."""
+
+    def __init__(self, device="cpu", dtype: str | None = None):
+        import torch
+
+        self.torch, self.device = torch, torch.device(device)
+        self.dtype = None if dtype is None else getattr(torch, dtype)
+
+    def __call__(self, X: np.ndarray, rows: np.ndarray, x0: np.ndarray, Y: np.ndarray, bounds: np.ndarray):
+        torch, dev = self.torch, self.device
+        F, T, folds = X.shape[-1], Y.shape[1], len(bounds) - 1
+        x = torch.as_tensor(np.ascontiguousarray(X[rows].reshape(-1, F)[: bounds[-1]])).to(dev, non_blocking=True)
+        counts = torch.as_tensor(np.diff(bounds), device=dev)
+        fold = torch.repeat_interleave(torch.arange(folds, device=dev), counts)
+        at = torch.arange(x.shape[0], device=dev) - torch.as_tensor(bounds[:-1], device=dev)[fold]
+        dtype = self.dtype or (torch.float32 if X.dtype == np.float32 else torch.float64)
+        Z = torch.zeros((folds, max(int(counts.max()), 1), F + 1 + T), dtype=dtype, device=dev)
+        Z[fold, at, :F] = (x.to(torch.float64) - torch.as_tensor(x0, dtype=torch.float64, device=dev)).to(dtype)
+        Z[fold, at, F] = 1.0
+        Z[fold, at, F + 1 :] = torch.as_tensor(Y[: bounds[-1]], device=dev).to(dtype)
+        P = (Z[:, :, :F].transpose(1, 2) @ Z).to(torch.float64).cpu().numpy()
+        return P[:, :, :F], P[:, :, F + 1 :], P[:, :, F]
+
+
+PRODUCTS = contextvars.ContextVar("td_probe_products", default=numpy_products)
+"""How new accumulators compute their per-chunk products (`numpy_products` unless `on_device` says otherwise)."""
+
+
+@contextmanager
+def on_device(device):
+    """Accumulators created inside use `TorchProducts(device)` when `device` (the model's: a torch.device
+    or its name) is not the CPU, and numpy otherwise."""
+    name = str(device) if device is not None else "cpu"
+    token = PRODUCTS.set(TorchProducts(name) if not name.startswith("cpu") else numpy_products)
+    try:
+        yield
+    finally:
+        PRODUCTS.reset(token)
+
+
 @dataclass
 class ProbeAccumulator:
     """Fold-wise statistics of ridge probes from one feature set to T targets at once (the
-    shuffled control's targets are just more targets)."""
+    shuffled control's targets are just more targets), held in float64 whatever the GEMMs' dtype."""
 
     n_features: int
     """Features per sample."""
@@ -282,10 +357,13 @@ class ProbeAccumulator:
     G: np.ndarray = field(default=None)
     x0: np.ndarray = field(default=None)
     y0: np.ndarray = field(default=None)
+    products: object = field(default=None, repr=False)
+    """The per-chunk products (`numpy_products`, `TorchProducts`); None: the current `PRODUCTS`."""
 
     def __post_init__(self):
         size = self.n_features + self.n_targets + 1
-        self.G = np.zeros((self.k + 1, size, size))
+        self.G = np.zeros((self.k + 1, size, size))  # float64: the sums across chunks
+        self.products = self.products or PRODUCTS.get()
 
     def update(self, X: Float[Array, "batch cols f"], targets, grouping=None) -> None:
         """Add samples (one per prompt and column) of the prompts a chunk's fold grouping keeps.
@@ -303,19 +381,17 @@ class ProbeAccumulator:
             return
         if self.x0 is None:  # a fixed shift for numerical stability: the first kept samples' mean
             self.x0, self.y0 = X[tb.rows].reshape(-1, F).mean(0), tb.y0[:T]
-        Xz = X[tb.rows].reshape(-1, F) - self.x0  # rows sorted by fold, so each fold is a slice
-        for f in range(self.k + 1):
-            lo, hi = tb.bounds[f], tb.bounds[f + 1]
-            if hi > lo:
-                G, Xf = self.G[f], Xz[lo:hi]
-                G[:F, :F] += Xf.T @ Xf
-                G[:F, F : F + T] += Xf.T @ tb.Yz[lo:hi, :T]
-                sx = Xf.sum(0)
-                G[:F, -1] += sx
-                G[-1, :F] += sx
-                G[-1, F : F + T] += tb.sums[f][:T]
-                G[np.arange(F, F + T), np.arange(F, F + T)] += tb.squares[f][:T]
-                G[-1, -1] += hi - lo
+        folds = self.k + 1  # a grouping's samples past fold k (none kept) are left out
+        bounds = tb.bounds[: folds + 1]
+        XX, XY, sx = self.products(X, tb.rows, self.x0, tb.Yz[:, :T], bounds)
+        G, diag = self.G, np.arange(F, F + T)
+        G[:, :F, :F] += XX
+        G[:, :F, F : F + T] += XY
+        G[:, :F, -1] += sx
+        G[:, -1, :F] += sx
+        G[:, -1, F : F + T] += np.stack(tb.sums[:folds])[:, :T]
+        G[:, diag, diag] += np.stack(tb.squares[:folds])[:, :T]
+        G[:, -1, -1] += np.diff(bounds)
 
     def _gram(self) -> np.ndarray:
         """The per-fold G with its symmetric blocks filled in (Y^T Y off the diagonal stays 0)."""

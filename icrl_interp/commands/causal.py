@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ..core import devices
 from ..core.cli_fields import add_fields, parsed
 from ..interventions.causal import DEFAULT_STEER, DIRECTIONS, METHODS, SITES
+from ..interventions.interchange import CHANGES
 from . import task_options
 
 
@@ -46,8 +47,12 @@ class CausalOptions:
     """Bootstrap resamples of the held-out tasks."""
     baseline_seed: int = 0
     """Seed of the random-init copy's parameters (with --baseline random-init)."""
+    interchange: str = field(default="none", metadata={"choices": ("none", *CHANGES)})
+    """Also run interchange interventions at the layer: counterfactual prompts with one reward (reward) or one
+    transition's successor (transition) changed, their activation patched into the base run at the context
+    columns, the output change compared with the task's reference algorithm's (the JSON's `interchange`)."""
     json: str | None = field(default=None, metadata={"metavar": "OUT.json"})
-    """Write the result here (icrl_interp.causal/1)."""
+    """Write the result here (icrl_interp.causal/2)."""
     figure: str | None = field(default=None, metadata={"metavar": "OUT.png"})
     """Draw the output change against the random directions, the steering curve and (with the baseline) the
     trained model against its random-init copy."""
@@ -103,6 +108,20 @@ def table(section: dict) -> str:
                      f"{point['random']['change']:<32.4g}"
                      f"{'—' if point['ratio'] is None else format(point['ratio'], '.3g'):22}"
                      f"{'—' if point['cohen_d'] is None else format(point['cohen_d'], '.3g')}")
+    sel = section.get("selective")
+    if sel:
+        e = sel["erasure"]
+        lines.append(f"{'selective probe':24}R² held out {r2(sel.get('r2_test'))} "
+                     f"(input's {r2(sel.get('input_r2_test'))}), selectivity {_fmt(sel['selectivity'])}")
+        lines.append(f"{'erase: selective':24}{_fmt(e['selective']):32}{_fmt(e['random']):32}"
+                     f"input-explained (same size) {_fmt(e['input_explained'])}")
+    if section.get("conclusion"):
+        lines.append(f"conclusion: {section['conclusion_reason']}")
+    ic = section.get("interchange")
+    if ic:
+        for name, c in ic["candidates"].items():
+            lines.append(f"interchange ({ic['change']}, {ic['positions']} patched): {name}: R² {_fmt(c['r2'])}, "
+                         f"correlation {_fmt(c['correlation'])}, relative error {_fmt(c['relative_error'])}")
     lines += [f"note: {n}" for n in section.get("notes", [])]
     base = section.get("baseline")
     if base is not None:
@@ -155,6 +174,12 @@ def run(args) -> int:
                           prompt_seed=prompts.prompt_seed, split_seed=o.split_seed, direction_seed=o.direction_seed,
                           random_draws=o.random_draws, steer=o.steer, bootstrap=o.bootstrap,
                           batch_size=prompts.batch_size, baseline=prompts.baseline, baseline_seed=o.baseline_seed)
+    if o.interchange != "none":
+        from ..interventions.interchange import interchange
+
+        section["interchange"] = interchange(model, config, o.layer, change=o.interchange, hook=o.hook,
+                                             probe=prompts.probe, tasks=prompts.tasks, seed=prompts.prompt_seed,
+                                             bootstrap=o.bootstrap, batch_size=prompts.batch_size)
     print(table(section))
     if o.json:
         write_json(o.json, {"schema": SCHEMA, "source": source, "causal": section})

@@ -31,6 +31,9 @@ class RecordOptions:
     shards: int = field(default=1, metadata={"metavar": "K"})
     """Write K shard files in parallel processes (OUT's name + .shard-I-of-K, each resumable) and OUT as a
     master file of HDF5 virtual datasets joining them (1: one file)."""
+    full_patterns: bool = False
+    """Record the attention patterns and scores at every query position, [heads, pos, pos] per layer: O(n²)
+    per prompt. The linear-attention families' specs record O(n) per prompt without it (docs/formats.md)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,6 +71,10 @@ def run(args) -> int:
     sha = checkpoint.sha256(args.checkpoint) if args.model is None else ""
     run_args = dict(probe=prompts.probe, tasks=prompts.tasks, batch_size=prompts.batch_size, seed=prompts.prompt_seed,
                     baseline=prompts.baseline, prompts=prompts.prompts, checkpoint_sha256=sha)
+    if o.full_patterns:
+        from ..recording.probe_spec import spec_for
+
+        run_args["probe"] = spec_for(model, prompts.probe, full_patterns=True)
     if not o.also_analyze:
         summary = recorder.record_model(model, config, o.out, resume=o.resume, progress=o.progress,
                                         device=device, shards=o.shards, **run_args)

@@ -65,7 +65,7 @@ def run(args) -> int:
         raise
     write_figure_manifest(out, outcome.figures)
     reused = sum(r.cached for r in outcome.results)
-    print(text_table(outcome.results))
+    print(text_table(outcome.results, zoos=outcome.zoos))
     print(f"\n{len(outcome.results)} inputs: {len(outcome.results) - outcome.n_failed} analyzed "
           f"({reused} from cache), {outcome.n_failed} failed; "
           f"{sum(bool(f.files) for f in outcome.figures)} figures")

@@ -24,7 +24,7 @@ class VerdictOptions:
     candidates: str | None = None
     """Comma-separated candidate names (None: every one that applies; docs/verdict.md lists them)."""
     max_step: int | None = None
-    """Largest candidate step k tried per layer (None: 2 x layers + 2)."""
+    """Largest candidate step k tried per layer (None: 2 x layers + 2, doubled while a layer's best needs all)."""
     test_fraction: float = 0.3
     """Share of the tasks held out for the scores."""
     split_seed: int = 0
@@ -44,7 +44,7 @@ class VerdictOptions:
     causal: bool = True
     """The causal evidence with a model (--no-causal: skip it)."""
     json: str | None = field(default=None, metadata={"metavar": "OUT.json"})
-    """Write the verdict here (icrl_interp.verdict/1)."""
+    """Write the verdict here (icrl_interp.verdict/2)."""
     figure: str | None = field(default=None, metadata={"metavar": "OUT.png"})
     """Draw behaviour R² per layer and candidate."""
 
@@ -76,7 +76,9 @@ def table(v: dict) -> str:
         base = s["baselines"]["input_ridge"]["r2"]
         lines.append(f"{str(s['layer']):8}" + "".join(cells) + f"{'—' if base is None else format(base, '.3f'):>10}"
                      f"  {s['verdict']['text']}")
-    lines.append(f"model: {v['verdict']['text']}")
+    from ..report.verdict import summary_lines
+
+    lines += summary_lines(v)
     skipped = {c: e["reason"] for c, e in v["candidates"].items() if not e["applicable"]}
     if skipped:
         lines.append("not applicable: " + "; ".join(f"{c} ({r})" for c, r in skipped.items()))

@@ -55,3 +55,8 @@ def probes_dir() -> Path:
 def checkpoints_dir() -> Path:
     """The shipped trained checkpoints (`data/checkpoints/` of the repository), one folder each."""
     return _shipped("data", "checkpoints")
+
+
+def zoo_dir() -> Path:
+    """The shipped trained zoo models (`data/zoo/` of the repository), one folder each (`zoo.mimics`)."""
+    return _shipped("data", "zoo")

@@ -44,13 +44,13 @@ FAMILY_TRAIN = ("train",)
 FLAGS: dict[str, Flag] = {
     # ---- what a command writes
     "--out": Flag("the file or directory the command makes (recording, checkpoint, run, report, sweep)",
-                  ("record", "construct", "train", "report", "sweep", "demo")),
+                  ("record", "construct", "train", "report", "sweep", "demo", "zoo")),
     "--json": Flag("also write the command's result as JSON to this file", ("inspect", *RUN, "control")),
     "--figure": Flag("also draw the result into this image file", ("control", "causal", "verdict")),
     "--force": Flag("replace an existing output directory", ("construct",)),
     "--resume": Flag("continue a partial output from where it stopped", ("record",)),
     "--progress": Flag("show progress bars on stderr (--no-progress: none)",
-                       ("record", "analyze", "report", "train", "sweep", "control")),
+                       ("record", "analyze", "report", "train", "sweep", "control", "zoo")),
     # ---- where the work runs
     "--device": Flag("where the torch work runs: cpu, cuda or auto", ("record", "analyze", "causal", "control", "train")),
     "--workers": Flag("worker processes that run the inputs in parallel", ("analyze", "report", "sweep", "demo")),
@@ -69,6 +69,8 @@ FLAGS: dict[str, Flag] = {
                           ("envs", "construct", "demo", *RUN, "control")),
     "--baseline": Flag("also run the same architecture at random initialization (random-init) or not (none)", RUN),
     "--baseline-seed": Flag("seed of the random-init copy's parameters", ("causal",)),
+    "--interchange": Flag("also run interchange interventions with counterfactual prompts changing one reward or "
+                          "one transition (none: not)", ("causal",)),
     # ---- a family's task and theta* (construct FAMILY; --task FAMILY), and training's model fields
     "--d": Flag("feature dimension d", (*TASK, *FAMILY_TRAIN)),
     "--n": Flag("context length n (transitions per prompt)", (*TASK, *FAMILY_TRAIN, "control")),
@@ -125,6 +127,8 @@ FLAGS: dict[str, Flag] = {
     "--live": Flag("run the model and analyze its batches without writing them", ("analyze",)),
     "--also-analyze": Flag("analyze the batches as they are recorded", ("record",)),
     "--shards": Flag("shard files written in parallel processes", ("record",)),
+    "--full-patterns": Flag("record attention patterns and scores at every query position (O(n²) per prompt)",
+                            ("record",)),
     "--chunk-mib": Flag("memory budget of one chunk of prompts read, in MiB", ("analyze",)),
     "--test-fraction": Flag("share of the tasks held out for scoring", ("analyze", "causal", "verdict")),
     "--split-seed": Flag("seed of the held-out split of the tasks and of its bootstrap resamples",
@@ -147,7 +151,7 @@ FLAGS: dict[str, Flag] = {
                                  "(control's --iterations)", ("report",)),
     "--live-tasks": Flag("prompts each checkpoint is also run on and analyzed live", ("report",)),
     "--analyzer": Flag("(hidden, for tests) the analysis function, module:function", ("report",)),
-    "--quick": Flag("fewer prompts, for a fast look", ("demo",)),
+    "--quick": Flag("fewer prompts and no algorithm verdicts, for a fast look", ("demo",)),
     # ---- control
     "--mdps": Flag("held-out random MDPs of the control evaluation", ("control",)),
     "--iterations": Flag("closed-loop updates per MDP", ("control",)),
@@ -167,6 +171,9 @@ FLAGS: dict[str, Flag] = {
     "--max-prompts": Flag("prompts of the recording read", ("verdict",)),
     "--causal-tasks": Flag("held-out tasks edited for the causal evidence", ("verdict",)),
     "--causal": Flag("the causal evidence with a model (--no-causal: skip it)", ("verdict",)),
+    # ---- the zoo of known answers
+    "--set": Flag("which zoo entries: default (a few) or full (all)", ("zoo",)),
+    "--zoo-seed": Flag("seed of the zoo: 0, or a fresh zoo drawn with other step sizes, prompts and splits", ("zoo",)),
 }
 """Every flag: what it means and the commands that have it (`--no-x` is the same flag as `--x`)."""
 

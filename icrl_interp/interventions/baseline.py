@@ -51,20 +51,21 @@ def _stat(st: dict) -> str:
 
 
 def verdict(v: dict, what: str) -> str:
-    """'yes: ...' when the trained model's interval lies wholly above the random-init model's and above 0
-    (an excess that random directions match is no effect, however low the random-init one); else 'no: ...'
-    with the reason."""
+    """'yes: ...' when the paired per-task difference (trained minus random-init, the same tasks) has its interval
+    above 0 and the trained model's own interval lies above 0 (an excess that random directions match is no effect,
+    however low the random-init one); else 'no: ...' with the reason. The two models are measured on the same
+    tasks, so the paired interval decides, never the overlap of the two unpaired ones."""
     t, b, d = v["trained"], v["random_init"], v["difference"]
     desc = f"{what}: trained {_stat(t)}, random-init {_stat(b)}; paired difference {_stat(d)}"
-    if not t.get("ci") or not b.get("ci"):
+    if not t.get("ci") or not d.get("ci"):
         return f"no: no interval to compare ({desc})"
-    if t["ci"][1] < b["ci"][0]:
-        return f"no: the random-init model's is larger, intervals do not overlap ({desc})"
-    if t["ci"][0] <= b["ci"][1]:
-        return f"no: intervals overlap ({desc})"
+    if d["ci"][1] < 0.0:
+        return f"no: the random-init model's is larger, the paired difference lies below 0 ({desc})"
+    if d["ci"][0] <= 0.0:
+        return f"no: the paired difference's interval includes 0 ({desc})"
     if t["ci"][0] <= 0.0:
-        return f"no: intervals do not overlap, but the trained model's reaches 0 ({desc})"
-    return f"yes: intervals do not overlap ({desc})"
+        return f"no: the paired difference lies above 0, but the trained model's reaches 0 ({desc})"
+    return f"yes: the paired difference lies above 0 ({desc})"
 
 
 def compare_models(trained: Measured, base: Measured, setup: CausalSetup, base_setup: CausalSetup,

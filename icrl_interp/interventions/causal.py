@@ -42,20 +42,22 @@ from ..families import registry
 from .baseline import BASELINES, MEASURE, compare_models, random_init_baseline, scale_note, verdict
 from .edits import (MATCH_POWER, Edit, erased_variance, leace_edit, pinv_psd, projection_edit, random_directions,
                     variance_matched)
-from .experiment import (DIRECTIONS, FOLDS, METHODS, MIN_TASKS, CausalSetup, Measured, measure, model_part, prepare,
-                         probe_iteration, reach_note)
+from .conclusion import ANSWERS, THRESHOLDS
+from .experiment import (DIRECTIONS, ERASED, FOLDS, METHODS, MIN_TASKS, CausalSetup, Measured, conclude, measure,
+                         measure_selective, model_part, prepare, probe_iteration, reach_note)
 from .sites import (ROUNDING_ULPS, SITES, Runner, Site, check_int, default_hook, eval_mode, own_model, rounding_floor,
                     site_of, unchanged_within_rounding)
 from .statistics import compare, excess
 
 __all__ = ["SCHEMA", "DEFAULT_STEER", "causal_test", "BASELINES", "MEASURE", "compare_models", "scale_note", "verdict",
            "MATCH_POWER", "Edit", "erased_variance", "leace_edit", "pinv_psd", "projection_edit", "random_directions",
-           "variance_matched", "DIRECTIONS", "FOLDS", "METHODS", "MIN_TASKS", "CausalSetup", "Measured", "measure",
+           "variance_matched", "ANSWERS", "THRESHOLDS", "DIRECTIONS", "ERASED", "FOLDS", "METHODS", "MIN_TASKS",
+           "CausalSetup", "Measured", "conclude", "measure", "measure_selective",
            "prepare", "probe_iteration", "reach_note", "ROUNDING_ULPS", "SITES", "Runner", "Site", "default_hook",
            "eval_mode", "rounding_floor", "site_of", "unchanged_within_rounding", "compare", "excess"]
 """The test's public names, wherever they live (docs/causal.md names them as `causal.NAME`)."""
 
-SCHEMA = "icrl_interp.causal/1"
+SCHEMA = "icrl_interp.causal/2"
 DEFAULT_STEER = (-2.0, -1.0, 1.0, 2.0)
 
 
@@ -112,6 +114,8 @@ def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | 
     part = model_part(setup, measured, seeds)
     notes = part.pop("notes")
     section.update(part)
+    section["conclusion"], section["conclusion_reason"], section["conclusion_detail"] = conclude(
+        setup, measured, test_fraction)
     section["notes"] = notes
     if baseline == "random-init":
         section["baseline"] = random_init_baseline(model, config, layer, setup, measured, method, direction, G,

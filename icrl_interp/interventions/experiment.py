@@ -12,13 +12,17 @@ import numpy as np
 from ..core.errors import UserError
 from ..families import registry
 from ..models.modes import eval_mode
+from . import conclusion, selective
 from .edits import Edit, erased_variance, leace_edit, projection_edit, unit, variance_matched
 from .sites import Runner, Site, check_int, own_model, site_of, unchanged_within_rounding
-from .statistics import compare, interval, num
+from .statistics import compare, excess, interval, num
 
 METHODS = ("mean", "leace", "zero")
 """Erasure methods: mean-ablation of the projection, LEACE, zero-ablation of the projection."""
 DIRECTIONS = ("probe", "construction")
+ERASED = ("td", "selective", "input")
+"""What an erasure removes: the TD direction (probe, construction or given), the selective direction (the probe of
+the part of delta the prompt does not explain) or the input-explained direction (`selective`)."""
 FOLDS = 5
 MIN_TASKS = 8
 
@@ -68,29 +72,43 @@ class CausalSetup:
     """The unedited features of every task [tasks, n, F] (what `r2_after` edits and refits on)."""
     targets: np.ndarray | None = None
     """The probe's targets delta_k of every task [tasks, n]."""
+    selective: selective.Selective | None = None
+    """The selective and input-explained directions (`selective.fit`; None where the directions are not probed)."""
 
     @property
     def width(self) -> int:
         return int(self.direction.size)
 
-    def erase(self, method: str = "mean") -> Edit:
-        """The erasure of the TD direction by `method`."""
+    def _along(self, which: str) -> tuple[np.ndarray, float, np.ndarray]:
+        """(unit direction, training mean of its projection, Cov(x, concept)) of what `which` erases (ERASED)."""
+        if which not in ERASED:
+            raise UserError(f"erase {which!r}: expected one of {', '.join(ERASED)}")
+        if which == "td":
+            return self.direction, self.mean, self.cov_xz
+        d = None if self.selective is None else getattr(self.selective, which)  # Selective.selective / .input
+        if d is None:
+            raise UserError(f"no {which} direction at {self.site.canonical}: its probe found nothing to read")
+        return d.u, d.mean, d.cov_xz
+
+    def erase(self, method: str = "mean", which: str = "td") -> Edit:
+        """The erasure by `method` of the TD direction (`which` 'td'), the selective or the input-explained one."""
+        u, mean, cov_xz = self._along(which)
         if method == "mean":
-            return projection_edit(self.direction, self.mean)
+            return projection_edit(u, mean)
         if method == "zero":
-            return projection_edit(self.direction, 0.0)
+            return projection_edit(u, 0.0)
         if method == "leace":
-            return leace_edit(self.cov_x, self.cov_xz, self.mean_x)
+            return leace_edit(self.cov_x, cov_xz, self.mean_x)
         raise UserError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
 
-    def erase_random(self, method: str, g: np.ndarray) -> Edit:
+    def erase_random(self, method: str, g: np.ndarray, which: str = "td") -> Edit:
         """The same erasure along the random vector g, of the same size as the TD erasure: bent to
         Cov(x)^p g so that it removes the variance the TD erasure removes (`variance_matched`).
         Mean- / zero-ablation: the unit direction with u.Cov.u = sigma^2 of the TD direction. LEACE: the
         eraser of the concept whose cross-covariance is Cov(x)^p g (p = 1: the raw concept g.x), with
         the TD eraser's ||c||^2 / c.Cov^+.c. An unmatched control compares edits of different sizes: the
         random draws' effects grow with the variance they remove (docs/causal.md#the-random-control)."""
-        td = self.erase(method)
+        td = self.erase(method, which)
         target = erased_variance(self.cov_x, td)
         if method == "leace":
             return leace_edit(self.cov_x, variance_matched(self.cov_x, g, target, leace=True), self.mean_x)
@@ -256,11 +274,12 @@ def prepare(model, config, layer: int, *, hook: str | None = None, roles: dict |
     cov_x = Xc.T @ Xc / Xt.shape[0]
     cov_xz = Xc.T @ (yt - yt.mean()) / Xt.shape[0]
     truth, truth_kind = _truth(batch, test, fam.hints, width)
+    sel = selective.fit(_probe, X, selective.explained_by(config, z, it, n), y, train, test)
     return CausalSetup(runner=runner, site=site, family=fam.name, z_test=z[test], base=out[test], truth=truth,
                        truth_kind=truth_kind, direction=u, direction_source=source, mean=float(proj.mean()),
                        std=float(proj.std()), mean_x=mean_x, cov_x=cov_x, cov_xz=cov_xz, probe=probe,
                        train_index=train, test_index=test, batch=batch, notes=notes, probe_sums=probe_sums,
-                       features=X, targets=y)
+                       features=X, targets=y, selective=sel)
 
 
 @dataclass
@@ -273,6 +292,8 @@ class Measured:
     """'output', 'value_error': (TD [N], random [N, K]) of the erasure; 'steer': one such pair per scale."""
     largest: float
     """The largest output change of any edit (TD or random direction, erasure or steering)."""
+    selective: dict | None = None
+    """The selective test's JSON (`measure_selective`); None where the setup has no selective directions."""
 
 
 def measure(setup: CausalSetup, method: str, G: np.ndarray, scales, seed: int, n_boot: int) -> Measured:
@@ -328,8 +349,71 @@ def measure(setup: CausalSetup, method: str, G: np.ndarray, scales, seed: int, n
             steer.append((t_abs, ra))
     largest = max([float(td_abs.max(initial=0.0)), float(r_abs.max(initial=0.0))]
                   + [max(float(t.max(initial=0.0)), float(r.max(initial=0.0))) for t, r in steer])
-    return Measured(erasure, curve, {"output": (td_abs, r_abs), "value_error": (td_ve, r_ve), "steer": steer},
-                    largest)
+    per_task = {"output": (td_abs, r_abs), "value_error": (td_ve, r_ve), "steer": steer}
+    sel = None
+    if setup.selective is not None and setup.selective.selective is not None and setup.selective.input is not None:
+        with eval_mode(setup.runner.model):
+            sel, arrays = measure_selective(setup, method, G, seed, n_boot, effect=lambda e: effect(e)[0])
+        per_task["selective"] = arrays
+        largest = max(largest, *(float(np.max(a, initial=0.0)) for a in arrays))
+    return Measured(erasure, curve, per_task, largest, sel)
+
+
+def measure_selective(setup: CausalSetup, method: str, G: np.ndarray, seed: int, n_boot: int, effect=None):
+    """The selective test on the held-out tasks (docs/causal.md, "The selective test"): |Δ output| per task from
+    erasing (by `method`) the selective direction, the input-explained one and the random directions G bent to
+    the selective erasure's size (the input-explained erasure too: shrunk to that size, and in full); the paired
+    excess over random, the paired difference to the size-matched input-explained erasure and the probe's
+    selectivity, all on the same bootstrap resamples (a pure function of `seed`). `effect(edit)` -> |Δ output|
+    per held-out task (default: from `setup.output`). Returns (JSON, (selective [N], input [N], random [N, K]))."""
+    if effect is None:
+        effect = lambda e: np.linalg.norm(setup.output(e) - setup.base, axis=-1)  # noqa: E731
+    sel_edit, full_in = setup.erase(method, "selective"), setup.erase(method, "input")
+    size, full_size = erased_variance(setup.cov_x, sel_edit), erased_variance(setup.cov_x, full_in)
+    # the input-explained erasure shrunk (or stretched) to the selective one's size: x -> x - t c (b.x - m) removes
+    # t^2 times the variance, so the comparison is per equal amount erased, as with the random directions
+    shrink = float(np.sqrt(size / full_size)) if full_size > 0 else 1.0
+    in_edit = Edit(c=shrink * np.asarray(full_in.c), b=full_in.b, m=full_in.m)
+    rand_edits = [setup.erase_random(method, g, "selective") for g in G]
+    s, i, i_full = effect(sel_edit), effect(in_edit), effect(full_in)
+    r = np.stack([effect(e) for e in rand_edits], 1)
+    N = s.size
+    idx = np.random.default_rng([int(seed), 0x5E1EC7]).integers(0, N, size=(n_boot, N))
+    boot = lambda a: {"mean": float(a.mean()), "ci": interval(a[idx].mean(1))}  # noqa: E731
+    ex, vs_in = excess(s, r), s - i
+    out = {**setup.selective.probe,
+           "selectivity": selective.selectivity(setup.selective, idx),
+           "erasure": {"selective": boot(s), "input_explained": boot(i), "input_explained_full": boot(i_full),
+                       "input_explained_shrink": shrink, "random": boot(r.mean(1)),
+                       "excess_over_random": boot(ex), "minus_input_explained": boot(vs_in),
+                       "erased_variance": {"selective": size, "input_explained": erased_variance(setup.cov_x, in_edit),
+                                           "input_explained_full": full_size,
+                                           "random": float(np.mean([erased_variance(setup.cov_x, e)
+                                                                    for e in rand_edits]))},
+                       "cosine_selective_input": float(setup.selective.selective.u @ setup.selective.input.u),
+                       "cosine_selective_td": float(setup.selective.selective.u @ setup.direction)}}
+    return out, (s, i, r)
+
+
+def conclude(setup: CausalSetup, m: Measured, test_fraction: float) -> tuple[str, str, dict]:
+    """`causal.conclusion` of one model: (answer, reason, detail) by `conclusion.decide` (docs/causal.md, "The
+    conclusion")."""
+    n_test = int(setup.test_index.size)
+    note = None
+    if m.largest <= 0.0:
+        note = ("inconclusive: no edit at this site changes the output (" + (reach_note(setup, 0.0) or "") + ")")
+    elif setup.width == 1:
+        note = ("inconclusive: the site has one feature, so the selective, input-explained and random directions are "
+                "the same direction and cannot be told apart")
+    if m.selective is None:
+        st = {"mean": None, "ci": None}
+        crit = conclusion.criteria(st, st, 0.0, st)
+        return conclusion.decide(crit, n_test, test_fraction, note or (
+            "inconclusive: the selective or input-explained probe found nothing to read (all its coefficients are 0)"))
+    e = m.selective["erasure"]
+    crit = conclusion.criteria(m.selective["selectivity"], e["excess_over_random"], e["random"]["mean"],
+                               e["minus_input_explained"])
+    return conclusion.decide(crit, n_test, test_fraction, note)
 
 
 def reach_note(setup: CausalSetup, largest: float) -> str | None:
@@ -361,5 +445,6 @@ def model_part(setup: CausalSetup, m: Measured, seeds: dict) -> dict:
         "value_error": {"target": setup.truth_kind, "base": float(setup.value_error(setup.base).mean())},
         "erasure": m.erasure,
         "steering": m.steering,
+        "selective": m.selective,
         "notes": list(setup.notes) + ([note] if note else []),
     }

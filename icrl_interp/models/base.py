@@ -1,9 +1,9 @@
 """The skeleton every hooked model shares: blocks, tied weights, stop_at_layer, readout.
 
-A model is a TransformerLens `HookedRootModule`. Layer l is `blocks.{l}`; its
-parameter matrices live in `blocks.{l}.attn` (only `blocks.0.attn` when weights are
-tied, so `named_parameters()` is exactly the checkpoint's tensor names), while every
-layer keeps its own hook points. Attention hooks carry a head axis of size 1, as in
+A model is a `HookedRootModule` (`hooks`: TransformerLens' hook API without importing TL).
+Layer l is `blocks.{l}`; its parameter matrices live in `blocks.{l}.attn` (only `blocks.0.attn`
+when weights are tied, so `named_parameters()` is exactly the checkpoint's tensor names), while
+every layer keeps its own hook points. Attention hooks carry a head axis of size 1, as in
 TransformerLens: scores/pattern are [batch, 1, pos_q, pos_k], v/z are [batch, pos, 1, d_model].
 """
 from __future__ import annotations
@@ -14,16 +14,15 @@ import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
-from transformer_lens.hook_points import HookPoint
-from transformer_lens.HookedRootModule import HookedRootModule
 
 from ..core.errors import UserError
 from .config import ModelConfig
+from .hooks import HookedRootModule, HookPoint
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def observed(hook: HookPoint) -> bool:
+def observed(hook: nn.Module) -> bool:
     """Whether anything (TL, nnsight, pyvene, plain torch) listens to this hook point."""
     own = hook._forward_hooks or hook._forward_pre_hooks or hook._backward_hooks or hook._backward_pre_hooks
     glob = torch.nn.modules.module

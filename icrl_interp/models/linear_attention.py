@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
-from transformer_lens.hook_points import HookPoint
 
 from ..core.errors import UserError
 from .base import AttentionParams, apply_rows, attention_hook_shapes, observed, project, weighted_values
+from .hooks import HookPoint
 
 PATHS = ("auto", "quadratic", "associative")
 _ACT = {"relu": F.relu, "tanh": torch.tanh, "leaky_relu": F.leaky_relu, "elu": F.elu, "selu": F.selu}

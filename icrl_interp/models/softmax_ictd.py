@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
-from transformer_lens.hook_points import HookPoint
 
 from .base import AttentionParams, ICRLModel, apply_rows, attention_hook_shapes, project, shift_back, weighted_values
+from .hooks import HookPoint
 
 
 class SoftmaxAttention(AttentionParams):

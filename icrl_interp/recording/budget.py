@@ -28,6 +28,7 @@ import numpy as np
 
 from ..core.errors import UserError
 from ..core.outputs import check_disk, check_fits
+from .background import BUFFER_SETS
 
 MAX_WORK_DAYS = 7
 """The longest run (in days of sampling alone) started without a refusal."""
@@ -60,15 +61,34 @@ def per_prompt(config, pos: int, d_model: int, own_model: bool) -> PerPrompt:
         return PerPrompt(data, 0, 0)
     model = config.model
     item = 8 if model.dtype == "float64" else 4
-    recorded = item * model.n_layers * (pos * pos + 2 * pos * model.D)  # pattern, residual stream, values
+    rows = _pattern_rows(model.family_entry, pos)
+    recorded = item * model.n_layers * (rows * pos + 2 * pos * model.D)  # pattern rows, residual stream, values
     working = item * (2 * pos * pos + 4 * pos * model.D)  # scores and pattern, streams in and out
     return PerPrompt(data, recorded, working)
 
 
+def _pattern_rows(family, pos: int) -> int:
+    """Query rows of the attention pattern that the family's shipped spec records of its own models (all pos
+    of them for a family that names no spec). `family`: the registry entry the config already resolved (not
+    looked up again)."""
+    if family.probe_spec is None:
+        return pos
+    if family.name not in _SHIPPED:
+        from .probe_spec import shipped_spec
+
+        _SHIPPED[family.name] = shipped_spec(family)
+    return _SHIPPED[family.name].pattern_rows(pos)
+
+
+_SHIPPED: dict = {}
+"""Family name -> its shipped probe spec, read once per process."""
+
+
 def batch_bytes(cost: PerPrompt, batch: int, models: int, batches: int) -> int:
     """Memory one batch holds: its data, the recorded activations of each model (the model, its random-init
-    copy) in the recorder's two buffer sets (one when there is one batch), and one layer's working set."""
-    return batch * (cost.data + models * min(2, batches) * cost.recorded + cost.working)
+    copy) in the recorder's buffer sets (`background.BUFFER_SETS`; at most one per batch), and one layer's
+    working set."""
+    return batch * (cost.data + models * min(BUFFER_SETS, batches) * cost.recorded + cost.working)
 
 
 def check_memory(cost_of: Callable[[int], PerPrompt], pos: int, tasks: int, batch_size: int, models: int,

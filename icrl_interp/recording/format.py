@@ -46,6 +46,9 @@ READABLE = (SCHEMA, SCHEMA_V1)
 LEGACY_NO_FAMILY = ("", "generic")
 """Schema-1 `family` values that named no family (a model of no known family, prompts of no task)."""
 CHUNK_MIN, CHUNK_MAX = 10 * 1024, 1024 * 1024
+SYNC_BYTES = 32 * 2**20
+"""The writer fdatasyncs the file after every SYNC_BYTES of batches: the disk then writes while the next
+forward passes run (the recorder writes from a thread, `background`), not all at the final fsync."""
 BF16 = "bfloat16"
 SHARDS = "shards"
 """Root attribute of a master file: JSON list of its shard files (docs/formats.md, "Sharded recordings")."""
@@ -119,6 +122,8 @@ class RecordingWriter:
         self.meta = {"schema": SCHEMA, **meta}
         self._f: h5py.File | None = None
         self.n_done = 0
+        self._unsynced = 0
+        """Bytes of batches written since the last fdatasync (`SYNC_BYTES`)."""
         if self.path.exists() and not resume:
             raise UserError(f"{self.path} exists; remove it or choose another --out")
         if resume:
@@ -260,6 +265,10 @@ class RecordingWriter:
         self._f["progress"][0] = self.n_done
         self._f.flush()
         self._appear()
+        self._unsynced += sum(a.nbytes for a in batches.values())
+        if self._unsynced >= SYNC_BYTES:
+            os.fdatasync(self._f.id.get_vfd_handle())  # the page cache to the disk while the forward runs
+            self._unsynced = 0
 
     def _appear(self) -> None:
         """Move a new file to the partial file's name (a no-op once it is there)."""

@@ -15,7 +15,9 @@ own object, its families resolved once) exactly as `recording.Recording` does fo
 
 The most recent batches are cached (at least every batch of the largest span of activations asked
 for, so one chunk of the analyzer is one forward pass per batch; prompt-only batches up to
-PROMPT_CACHE_BYTES); older ones are dropped, so memory stays flat in the number of prompts. An analysis that reads the prompts twice (the held-out scoring of the TD probes and
+PROMPT_CACHE_BYTES); older ones are dropped, so memory stays flat in the number of prompts. A read of a
+chunk of a longer run takes the activations out of the cached batches it copies them from, so a chunk's
+activations are held once. An analysis that reads the prompts twice (the held-out scoring of the TD probes and
 of the tuned lens: docs/analyzers.md, "Live analysis") runs the forward pass of those batches again:
 it costs compute, never memory. Given an output file, every batch is also written in order as it is
 first computed (`record --also-analyze`).
@@ -191,7 +193,7 @@ class LiveFile:
         if batches.size == 1 and idx[-1] - idx[0] + 1 == idx.size and np.all(idx[1:] > idx[:-1]):
             # consecutive prompts of one batch: a read-only view of the cached batch, no copy
             lo = int(idx[0]) - int(batches[0]) * bs
-            view = self._batch(int(batches[0]), model)[path][lo : lo + idx.size]
+            view = self._batch(int(batches[0]), model, path)[path][lo : lo + idx.size]
             view = view.view()
             view.flags.writeable = False
             return view
@@ -202,18 +204,30 @@ class LiveFile:
             which = idx // bs
             for b in batches:
                 sel = which == b
-                out[sel] = self._batch(int(b), model)[path][idx[sel] - int(b) * bs]
+                out[sel] = self._batch(int(b), model, path)[path][idx[sel] - int(b) * bs]
             return out
         starts, ends = np.searchsorted(idx, batches * bs), np.searchsorted(idx, (batches + 1) * bs)
+        # A read of a chunk of a longer run copies the activations out of the cached batches: the
+        # batches then give up that path, so a chunk's activations are held once (in the chunk), not
+        # twice (chunk + cache); a later read runs the forward pass again. A run read whole in one chunk
+        # keeps them: its second pass finds them cached. Prompt paths stay (the probes' second pass
+        # reads the partners' targets again, which would redraw their batches).
+        consume = model and batches.size < self.run.n_batches
         for b, a, c in zip(batches.tolist(), starts.tolist(), ends.tolist()):
-            rows = self._batch(b, model)[path]
+            batch = self._batch(b, model, path)
+            rows = batch[path]
             part = idx[a:c] - b * bs
+            whole = part[-1] - part[0] + 1 == part.size
             # a run of consecutive prompts (the analyzers' chunks) is one slice copy, not a gather
-            out[a:c] = rows[part[0] : part[-1] + 1] if part[-1] - part[0] + 1 == part.size else rows[part]
+            out[a:c] = rows[part[0] : part[-1] + 1] if whole else rows[part]
+            if consume and whole and part.size == len(rows) and (self.sink is None or b < self.written):
+                del batch[path]  # every row copied out (and written, with a sink)
         return out
 
-    def _batch(self, index: int, model: bool) -> dict:
-        if index in self._full:
+    def _batch(self, index: int, model: bool, path: str | None = None) -> dict:
+        """Batch `index` (cached, or computed: the forward pass for `model` paths, the prompt source
+        otherwise); a cached batch that gave up `path` (`rows`) is computed again."""
+        if index in self._full and (path is None or path in self._full[index]):
             self._full.move_to_end(index)
             return self._full[index]
         if not model:

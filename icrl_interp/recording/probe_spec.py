@@ -35,7 +35,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..core import resources
@@ -52,6 +52,8 @@ STORE_DTYPES = ("float16", "bfloat16", "float32", "float64")
 COMPRESSIONS = ("none", "lzf", "gzip")
 _HOOK_KEYS = {"pattern", "dtype", "compression", "positions", "pos_axis"}
 _TOP_KEYS = {"probe", "hooks", "params", "roles"}
+PATTERN_HOOKS = ("hook_pattern", "hook_attn_scores")
+"""Hooks of attention patterns and scores, [batch, head, query, key]: `positions` slices their query axis."""
 ROLE_KEYS = ("resid_pre", "resid_post", "pattern", "attn_out", "readout")
 """Keys of [roles] (capture.ROLES plus the readout)."""
 
@@ -91,7 +93,7 @@ class HookRule:
     def axis_for(self, hook_name: str) -> int:
         if self.pos_axis is not None:
             return self.pos_axis
-        return 2 if hook_name.endswith(("hook_pattern", "hook_attn_scores")) else 1
+        return 2 if hook_name.endswith(PATTERN_HOOKS) else 1
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,25 @@ class ProbeSpec:
         for h in d["hooks"]:
             h.pop("line")
         return json.dumps(d, sort_keys=True)
+
+    def pattern_rows(self, pos: int) -> int:
+        """Query rows of a [pos, pos] attention pattern or score this spec records (the most over its rules;
+        0: it records none): `budget`'s estimate of a recording's size."""
+        rows = [len(range(pos)[r.position_slice() or slice(None)]) for r in self.hooks
+                if r.pattern.partition("#")[0].endswith(PATTERN_HOOKS)]
+        return max(rows, default=0)
+
+    def full_patterns(self, hook_names=()) -> "ProbeSpec":
+        """This spec with its attention patterns and scores at every query position (`record --full-patterns`):
+        the `positions` of their rules dropped; a spec that records none of them gets a float32 rule for each
+        of `hook_names` (the model's hooks) ending in `hook_pattern`. Each is then [heads, pos, pos], O(n²)
+        per prompt; the shipped specs of the linear-attention families record O(n) per prompt instead
+        (docs/formats.md, "Probe specs")."""
+        attention = lambda pattern: pattern.partition("#")[0].endswith(PATTERN_HOOKS)  # noqa: E731
+        rules = [replace(r, positions=None) if attention(r.pattern) and r.pos_axis is None else r for r in self.hooks]
+        if not any(attention(r.pattern) for r in rules):
+            rules += [HookRule(n, "float32") for n in hook_names if n.endswith("hook_pattern")]
+        return replace(self, hooks=tuple(rules))
 
     def resolve(self, hook_names, param_names=(), role_names=()) -> tuple[dict[str, HookRule], list[str]]:
         """Match the rules against a model's names: {hook name: rule}, [param names].
@@ -287,10 +308,15 @@ def shipped_spec(name) -> ProbeSpec:
     return load_spec(spec_path(name))
 
 
-def spec_for(model, probe=None) -> ProbeSpec:
+def spec_for(model, probe=None, full_patterns: bool = False) -> ProbeSpec:
     """The probe spec to record `model` (a torch module) with: the one given (a path, a ProbeSpec, or a
     {role: path} dict: `roles_spec`), else the model family's shipped spec, else the TransformerLens spec
-    for a TransformerLens model."""
+    for a TransformerLens model; with `full_patterns`, its patterns and scores at every query position
+    (`ProbeSpec.full_patterns`, `record --full-patterns`)."""
+    if full_patterns:
+        from .capture import hook_names
+
+        return spec_for(model, probe).full_patterns(hook_names(model))
     from ..models.config import ModelConfig
 
     if isinstance(probe, ProbeSpec):

@@ -21,7 +21,6 @@ import datetime as _dt
 import json
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from ..models.random_init import random_init_copy
 from ..models.user import per_prompt_output
 from ..tasks import layouts
 from . import budget
+from .background import BUFFER_SETS, DEPTH, BackgroundWriter
 from . import shards as sharding
 from .capture import capture, hook_names, parameters, readout_modules, role_points
 from .format import BF16, RecordingWriter
@@ -292,11 +292,13 @@ class RecordRun:
     """The recording's root attributes (docs/formats.md, "Recordings")."""
     statics: dict[str, dict[str, np.ndarray]]
     """Groups written once: 'params' (the recorded parameters, float64) and 'theta_star'."""
-    run_batch: Callable[[int, tuple], dict]
-    """run_batch(index, probes) -> {dataset path: rows} of batch `index` (activations are views of
-    `probes`' reusable buffers: copy them to keep them past the next batch on the same probes)."""
+    run_batch: Callable[..., dict]
+    """run_batch(index, probes, check=True) -> {dataset path: rows} of batch `index` (activations are views
+    of `probes`' reusable buffers: copy them to keep them past the next batch on the same probes); with
+    check=False the caller runs `check` on it before the rows are used."""
     probe_sets: list
-    """Two sets of (model probe, baseline probe): batch i fills set i % 2."""
+    """`background.BUFFER_SETS` sets of (model probe, baseline probe): the recorder fills set
+    i % BUFFER_SETS with batch i (live analysis uses sets 0 and 1)."""
     first: dict | None
     """Batch 0, run before anything was created (None when resuming)."""
     notes: list
@@ -308,6 +310,11 @@ class RecordRun:
     def batch_rows(self, index: int) -> tuple[int, int]:
         """Prompts [lo, hi) of batch `index`."""
         return index * self.batch_size, min((index + 1) * self.batch_size, self.source.n_total)
+
+    def check(self, index: int, data: dict) -> None:
+        """Refuse batch `index` (`run_batch(..., check=False)`) when its activations or outputs are not finite."""
+        lo, hi = self.batch_rows(index)
+        _check_finite(data, self.source.where(index, lo, hi, self.batch_size))
 
     def dataset_attrs(self, path: str) -> dict:
         """Attributes of a recorded dataset (activations: stored dtype, source dtype, positions, compression)."""
@@ -401,7 +408,7 @@ def _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baselin
     lens = _Lens(readout, resid_layers, width) if readout else None
     base_lens = _Lens(readout_modules(base_model, spec.roles), resid_layers, width) if readout and base_model is not None else None
 
-    def run_batch(index: int, probes: tuple[_Probe, _Probe | None]) -> dict:
+    def run_batch(index: int, probes: tuple[_Probe, _Probe | None], check: bool = True) -> dict:
         lo, hi = index * batch_size, min((index + 1) * batch_size, source.n_total)
         data = source.batch(index, lo, hi)
         x = _model_input(data, dtype)
@@ -418,12 +425,13 @@ def _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baselin
             if base_model is not None:
                 result[f"baseline/acts/{n}"] = probes[1].buffers.arrays[n][: hi - lo]
         devices.synchronize(device)  # the non-blocking copies into the buffers have landed
-        _check_finite(result, source.where(index, lo, hi, batch_size))  # a shard's: its place in the whole run
+        if check:
+            _check_finite(result, source.where(index, lo, hi, batch_size))  # a shard's: its place in the whole run
         return {**result, **data, "prompts/task_id": source.task_ids(lo, hi)}
 
     probe_sets = [(_Probe(_Buffers(rules, batch_size, device), lens),
                    _Probe(_Buffers(rules, batch_size, device), base_lens) if base_model is not None else None)
-                  for _ in range(2)]
+                  for _ in range(BUFFER_SETS)]  # host buffers are allocated when a set is first filled
     with eval_mode(*models):
         first, readout_info = None, None
         if not resume:
@@ -617,29 +625,26 @@ def _stream(writer, run: RecordRun, progress: bool):
     bytes_written, t0 = 0, time.perf_counter()
     batches = range(start_at // batch_size, -(-source.n_total // batch_size))
     bar = tqdm(total=source.n_total, initial=start_at, unit="prompt", desc="record", disable=not progress)
-    pending, pending_rows = None, 0
-    # Two buffer sets: the forward pass of batch i+1 fills one while a writer thread streams batch i
-    # from the other (torch releases the GIL while it computes, so the write hides behind the forward).
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        try:
+
+    def job(index: int, data: dict, attrs: dict) -> Callable[[], None]:
+        def write() -> None:
+            run.check(index, data)  # a NaN refuses the batch before any of it is written
+            writer.write_batch(data, attrs)
+            bar.update(next(iter(data.values())).shape[0])
+        return write
+
+    # The writer thread writes batch i (and checks it) while the forward passes of the next batches fill
+    # the other buffer sets: BUFFER_SETS = DEPTH + 1, so a set is handed back before it is filled again.
+    try:
+        with BackgroundWriter(min(DEPTH, len(run.probe_sets) - 1)) as background:
             for index in batches:
-                probes = run.probe_sets[index % 2]
-                data = run.first if (index == 0 and run.first is not None) else run.run_batch(index, probes)
+                probes = run.probe_sets[index % len(run.probe_sets)]
+                data = run.first if (index == 0 and run.first is not None) else run.run_batch(index, probes, False)
                 acts = [k for k in data if k.startswith(("acts/", "baseline/acts/"))]
                 bytes_written += sum(data[k].nbytes for k in acts)
-                attrs = {k: run.dataset_attrs(k) for k in acts}
-                if pending is not None:
-                    pending.result()  # one write in flight at most; re-raises its error
-                    bar.update(pending_rows)
-                pending = pool.submit(writer.write_batch, data, attrs)
-                pending_rows = next(iter(data.values())).shape[0]
-            if pending is not None:
-                pending.result()
-                bar.update(pending_rows)
-        finally:
-            if pending is not None:
-                wait([pending])  # never close the file under a running write
-            bar.close()
+                background.put(job(index, data, {k: run.dataset_attrs(k) for k in acts}))
+    finally:
+        bar.close()
     shapes = {n: a.shape[1:] for probes in reversed(run.probe_sets) for n, a in probes[0].buffers.arrays.items()}
     return start_at, shapes, bytes_written, time.perf_counter() - t0
 

@@ -32,6 +32,8 @@ class ReportOutcome:
     """FigureInfo per figure drawn (or attempted)."""
     out_dir: Path = Path(".")
     """The report directory."""
+    zoos: list = field(default_factory=list)
+    """(path, document) of each known-answer zoo among the inputs (`known_answers.find`)."""
 
     @property
     def n_failed(self) -> int:
@@ -92,12 +94,14 @@ def build_report(inputs: list, out_dir, config: ReportConfig | None = None, engi
     scheduler), then write summaries, figures and the page."""
     from .figures import make_figures
     from .html import render
+    from .known_answers import find, without_zoos
     from .td_probes import write_tables as write_probe_tables
 
     config = config or ReportConfig()
     control = config.control()
     with writing_report(out_dir) as out_dir:  # locked and marked first: a killed report is resumed here
-        items = collect_inputs(inputs)
+        zoos = find(inputs)  # shown as confusion matrices, not analyzed
+        items = collect_inputs(without_zoos(inputs))
         results = run_batch(items, out_dir, workers=config.workers, analyzer=config.analyzer,
                             use_cache=config.use_cache, progress=config.progress, control=control,
                             scheduler=config.scheduler, engine=engine,
@@ -107,8 +111,9 @@ def build_report(inputs: list, out_dir, config: ReportConfig | None = None, engi
         write_probe_tables(results, out_dir)  # td_probes.csv, td_probe_tasks.csv
         figures = make_figures(results, out_dir, svg=config.svg, max_recordings=config.max_recordings,
                                log=lambda msg: print(f"warning: {msg}", file=sys.stderr))
-        write_atomic(out_dir / "index.html", render(results, figures, out_dir, title=config.title, embed=config.embed))
-    return ReportOutcome(results, figures, out_dir)
+        write_atomic(out_dir / "index.html", render(results, figures, out_dir, title=config.title, embed=config.embed,
+                                                   zoos=zoos))
+    return ReportOutcome(results, figures, out_dir, zoos)
 
 
 __all__ = ["ReportConfig", "ReportInput", "ReportOutcome", "Result", "build_report", "collect_inputs", "run_batch"]

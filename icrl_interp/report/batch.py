@@ -2,7 +2,7 @@
 running one) with a content-hash cache, and write `summary.json` / `summary.csv` (one flat row per input).
 
 Inputs are checkpoints (a directory with `config.json` + `model.safetensors`), recordings (an
-HDF5 file), causal JSON files (`icrl-interp causal --json`, schema `icrl_interp.causal/1`) or any
+HDF5 file), causal JSON files (`icrl-interp causal --json`, schema `icrl_interp.causal/2`) or any
 directory holding them (training run directories: `checkpoints/step_*/`).
 Each input is hashed by its bytes (a checkpoint: the names and bytes of its files); an analysis
 is cached as `<out>/cache/<sha256>.json` and reused while the hash, the analyzer and the package
@@ -102,7 +102,7 @@ class Result:
     """A causal input's document {"schema", "source", "causal": section} (`read_causal`); None otherwise
     (a causal input has no `analysis`)."""
     verdict: dict | None = None
-    """A verdict input's document (`icrl_interp.verdict/1`, `read_verdict`); None otherwise."""
+    """A verdict input's document (`icrl_interp.verdict/2` or /1, `read_verdict`); None otherwise."""
 
     @property
     def analyzed(self) -> bool:
@@ -415,7 +415,7 @@ def read_verdict(path) -> dict:
         raise UserError(f"cannot read: {e.strerror or e}") from None
     except ValueError as e:
         raise UserError(f"not a verdict JSON file: not valid JSON ({one_line(e)})") from None
-    if not isinstance(data, dict) or data.get("schema") != inputs.VERDICT_SCHEMA:
+    if not isinstance(data, dict) or data.get("schema") not in inputs.VERDICT_SCHEMAS:
         raise UserError(f"not a verdict JSON file: expected an object with schema {inputs.VERDICT_SCHEMA!r}")
     for key in ("layers", "output", "verdict", "candidates"):
         if key not in data:

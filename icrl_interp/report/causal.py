@@ -95,8 +95,10 @@ def figure(section: dict, title: str = "") -> Figure:
         _comparison_panel(axes[-1], comparison, f"erase: {section['method']}")
     d = section["direction"]
     r2 = d.get("r2_test")
+    answer = section.get("conclusion")  # schema 2: the selective test's answer (docs/causal.md)
     fig.suptitle(f"{title + ': ' if title else ''}{section['hook']}, direction {d['source']}"
-                 + (f" (probe R² {r2:.3f} held out)" if r2 is not None else ""), fontsize=10)
+                 + (f" (probe R² {r2:.3f} held out)" if r2 is not None else "")
+                 + (f"; uses the selective TD part: {answer}" if answer else ""), fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -128,9 +130,9 @@ def _comparison_panel(ax, comparison: dict, method: str) -> None:
 
 def _short(verdict: str) -> str:
     """The verdict's answer and, for a no, its reason in a few words."""
-    for start, short in (("yes", "yes"), ("no: intervals overlap", "no (intervals overlap)"),
+    for start, short in (("yes", "yes"), ("no: the paired difference's interval includes 0", "no (difference includes 0)"),
                          ("no: the random-init", "no (random init larger)"),
-                         ("no: intervals do not overlap, but", "no (trained reaches 0)"),
+                         ("no: the paired difference lies above 0, but", "no (trained reaches 0)"),
                          ("no: no interval", "no (no interval)")):
         if verdict.startswith(start):
             return short

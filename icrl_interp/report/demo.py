@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..core import outputs
 from ..core import resources
-from ..core.errors import UserError
+from ..core.errors import UserError, one_line
 from ..families import registry
 
 DATA_DIR = resources.checkpoints_dir()
@@ -34,7 +34,7 @@ class DemoConfig:
     tasks: int = 256
     """Tasks sampled per model, one prompt each (recorded)."""
     quick: bool = False
-    """Fewer tasks (64) for a fast look."""
+    """Fewer tasks (64) and no algorithm verdicts, for a fast look."""
     prompt_seed: int = 0
     """Seed of the task sampler: which tasks are drawn and the trajectories of their prompts."""
     workers: int = 2
@@ -104,6 +104,31 @@ def _clear_own(inputs_dir: Path, names: list[str]) -> None:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
+VERDICT_SUFFIX = ".verdict.json"
+"""The demo's verdict JSON of recording NAME.h5 is NAME.verdict.json beside it (`report.answers.model_name`
+pairs it with NAME)."""
+
+
+def write_verdicts(recordings: list[Path]) -> list[Path]:
+    """The algorithm verdict of each recording (behaviour and probes; no causal evidence, which would need the
+    model edited per candidate), as `<name>.verdict.json` beside it. A verdict that cannot be reached is one
+    printed line, and the demo goes on without it."""
+    from ..core.files import write_json
+    from ..verdicts.causal_evidence import verdict
+
+    print(f"algorithm verdict of each of {len(recordings)} recordings (docs/verdict.md)")
+    out = []
+    for rec in recordings:
+        target = rec.with_name(rec.stem + VERDICT_SUFFIX)
+        try:
+            write_json(target, verdict(rec, progress=False))
+        except Exception as e:  # noqa: BLE001 - one model's verdict failing leaves the rest of the demo standing
+            print(f"verdict: {rec.stem}: not reached: {one_line(e)}")
+            continue
+        out.append(target)
+    return out
+
+
 def run_demo(config: DemoConfig) -> int:
     """Build, record, analyze, report. Returns the number of failed inputs."""
     from ..models import checkpoint
@@ -123,7 +148,7 @@ def run_demo(config: DemoConfig) -> int:
     families = config.families or registry.where(lambda f: f.demo is not None and f.construct is not None)
     names = [f"theta_star-{family}" for family in families]
     names += [f"trained-{checkpoint.read(path)[0].family}-{path.name}" for path in shipped]
-    _clear_own(inputs_dir, names + [f"{n}.h5{x}" for n in names for x in ("", ".partial")])
+    _clear_own(inputs_dir, names + [f"{n}{x}" for n in names for x in (".h5", ".h5.partial", VERDICT_SUFFIX)])
     inputs_dir.mkdir(parents=True, exist_ok=True)  # `out` itself may be new (its parent exists)
 
     models: list[tuple[str, Path]] = []
@@ -152,7 +177,13 @@ def run_demo(config: DemoConfig) -> int:
 
     # the shipped runs' earlier checkpoints: with the final ones they draw each metric against training step
     snapshots = shipped_snapshots(shipped)
-    inputs = [p for _, p in models] + snapshots + recordings
+    # the answer the report leads with; --quick (a smoke run, the packaging test's) skips it: a verdict fits every
+    # candidate's step size and step on each layer, seconds to minutes of CPU per model
+    # θ* runs its family's reference algorithm by construction: the trained checkpoints are the question
+    verdicts = write_verdicts([p for p in recordings if p.name.startswith("trained-")]) if not config.quick else []
+    if config.quick:
+        print("algorithm verdicts: skipped with --quick (`icrl-interp verdict INPUTS/NAME.h5` gives one)")
+    inputs = [p for _, p in models] + snapshots + recordings + verdicts
     outcome = build_report(inputs, out, ReportConfig(workers=config.workers, title="icrl-interp demo report",
                                                         live_tasks=min(LIVE_TASKS, n_prompts)))
     write_figure_manifest(out, outcome.figures)

@@ -156,24 +156,26 @@ def causal_text(results: list[Result], width: int = 28) -> str:
     return "\n".join(lines)
 
 
-def text_table(results: list[Result], width: int = 28) -> str:
-    """A plain-text table for the terminal, failed inputs listed with their reasons below it."""
+def text_table(results: list[Result], width: int = 28, zoos=()) -> str:
+    """A plain-text table for the terminal, failed inputs listed with their reasons below it. It opens with what
+    each model runs (`answers.text`: the verdict and causal inputs) and the zoos' known-answer totals, when the
+    batch has them: the answer before the metrics."""
+    from . import answers, known_answers
+
+    lead = [x for x in (answers.text(results), known_answers.text(list(zoos))) if x]
     rows = [formatted(r) for r in results]
     short = short_headers()
     cols = [(k, short.get(k, h)) for k, h, _ in columns() if k != "status"]
     for row in rows:
         row["label"] = row["label"] if len(row["label"]) <= width else "…" + row["label"][-(width - 1):]
     widths = {k: max(len(h), *(len(row[k]) for row in rows)) if rows else len(h) for k, h in cols}
-    lines = ["  ".join(h.ljust(widths[k]) for k, h in cols)]
+    lines = [x for part in lead for x in (part, "")]
+    lines += ["  ".join(h.ljust(widths[k]) for k, h in cols)]
     lines += ["  ".join(row[k].ljust(widths[k]) for k, _ in cols) for row in rows]
     lines += ["", *textwrap.wrap(legend(), 110)]
     causal = causal_text(results, width)
     if causal:
         lines += ["", causal]
-    verdicts = [r for r in results if r.verdict is not None and r.analyzed]
-    if verdicts:
-        lines += ["", "algorithm verdicts (held-out behaviour R², docs/verdict.md):"]
-        lines += [f"  {label_of(r)}: {r.verdict['verdict']['text']}" for r in verdicts]
     failed = [r for r in results if r.status != "ok"]
     if failed:
         lines.append("")

@@ -11,6 +11,7 @@ from html import escape
 from pathlib import Path
 
 from .._version import __version__
+from . import answers, known_answers
 from .batch import Result
 from .fields import control_of, get, label_of, num
 from .figures import FigureInfo
@@ -194,8 +195,9 @@ def _anchor(family: str) -> str:
 
 
 def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, title: str = "icrl-interp report",
-           embed: bool = False) -> str:
-    """The page as a string (images must already be written when `embed` is true)."""
+           embed: bool = False, zoos: list | None = None) -> str:
+    """The page as a string (images must already be written when `embed` is true); `zoos`: the batch's
+    known-answer zoos (`known_answers.find`), shown as confusion matrices."""
     report_dir = Path(report_dir)
     causal = [r for r in results if r.input.kind == "causal"]
     verdicts = [r for r in results if r.input.kind == "verdict"]
@@ -223,6 +225,8 @@ def render(results: list[Result], figures: list[FigureInfo], report_dir: Path, t
         "<nav>" + "".join(f'<a href="#{_anchor(f)}">{escape(f)}</a>' for f in families)
         + (f'<a href="#{CAUSAL_ANCHOR}">causal tests</a>' if causal else "")
         + (f'<a href="#{VERDICT_ANCHOR}">algorithm verdicts</a>' if verdicts else "") + "</nav>",
+        answers.html_section(results),  # the question the toolkit answers comes before any metric
+        known_answers.html_section(zoos or []),
         "<h2>Overview</h2><table><thead><tr><th class=\"l\">family</th><th>inputs</th><th>analyzed</th><th>failed</th>"
         "</tr></thead><tbody>",
     ]

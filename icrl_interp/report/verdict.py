@@ -1,6 +1,6 @@
 """The algorithm verdict's figure and report table (matplotlib, Agg; no pyplot global state).
 
-Reads only the verdict JSON (`icrl_interp.verdict/1`, docs/formats.md "Verdict JSON"); imports neither
+Reads only the verdict JSON (`icrl_interp.verdict/2`, docs/formats.md "Verdict JSON"); imports neither
 torch nor transformer_lens. Left panel: held-out behaviour R² per layer for every candidate, with the
 input baseline; right panel: the best candidate's fitted step k per layer (does k grow with depth?).
 """
@@ -19,6 +19,37 @@ from ..analyzers.inputs import VERDICT_SCHEMA as SCHEMA  # noqa: E402
 
 def _rows(v: dict) -> list[dict]:
     return list(v["layers"]) + [v["output"]]
+
+
+PARAM_NAMES = {"alpha": "α", "beta": "β", "scale": "scale", "gamma": "γ′", "lambda": "λ", "step": "k"}
+
+
+def params_text(params: dict) -> str:
+    """The fitted parameters with their intervals, e.g. "α 1 [0.985, 1.01], γ′ 0.5 [0.5, 0.5], k 3 [3, 3]"."""
+    out = []
+    for k, p in params.items():
+        ci = p.get("ci")
+        fixed = " (the task's)" if p.get("fixed") else ""
+        out.append(f"{PARAM_NAMES.get(k, k)} {p['value']:.3g}" + (f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else "") + fixed)
+    return ", ".join(out)
+
+
+def summary_lines(v: dict) -> list[str]:
+    """The model's verdict in a few lines: label and clear, fitted parameters, the OOD checks, more tasks."""
+    top = v["verdict"]
+    lines = [f"model: {top['text']}"]
+    if top.get("params"):
+        lines.append(f"  fitted: {params_text(top['params'])}; clear: {'yes' if top.get('clear') else 'no'}")
+    ood = top.get("ood")
+    if ood and ood.get("checks"):
+        cells = [f"{k} {c['r2']:.3g} {'pass' if c['passes'] else 'FAIL'}"
+                 if c.get("available") and c.get("r2") is not None else f"{k} n/a" for k, c in ood["checks"].items()]
+        lines.append("  out of distribution (R²): " + "; ".join(cells))
+    more = top.get("more_tasks")
+    if more:
+        lines.append(f"  to resolve it: about {more['held_out_tasks_needed']} held-out tasks "
+                     f"(record about {more.get('tasks_to_record', '?')} in all)")
+    return lines
 
 
 def figure(v: dict, title: str = "") -> Figure:
@@ -79,9 +110,11 @@ def html_table(v: dict) -> str:
     for r in _rows(v):
         d = r["verdict"]
         out.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-            r["layer"], d["best"] if d["fits"] else "none fits", fmt(d["best_r2"], d["best_r2_ci"]), d["runner_up"] or "—",
+            r["layer"], d.get("label", d["best"]) if d["fits"] else "none fits", fmt(d["best_r2"], d["best_r2_ci"]),
+            d["runner_up"] or "—",
             fmt(d["margin"], d["margin_ci"]), d.get("representation_top") or "—",
             d.get("causation_top") or ("—" if r["layer"] == "output" else r.get("causation", {}).get("reason", "—")[:40])))
             + "</tr>")
     out.append("</table>")
+    out += [f"<p class='verdict-summary'>{html.escape(line.strip())}</p>" for line in summary_lines(v)[1:]]
     return "\n".join(out)

@@ -27,6 +27,11 @@ kernel on state labels).
 
 Step sizes (and the softmax score scale) are hyperparameters, fitted by `fit` on training tasks to a
 target output per layer: a grid search over the step size and the step k, the least squared error wins.
+The bootstrapping candidates (`Candidate.discount`) also fit their discount gamma' on `gamma_grid` (0, the
+task's gamma and a few between): a model may bootstrap with a discount other than the task's, and one with
+gamma' = 0 does not bootstrap at all (it regresses on the immediate reward). `fit` refits on bootstrap
+resamples of the training tasks (rows of `weights`) for intervals on every fitted parameter; the linear
+candidates run the whole step-size grid at once (`Candidate.sweep`).
 """
 from __future__ import annotations
 
@@ -43,10 +48,30 @@ LAMBDAS = (0.5, 0.9, 1.0)
 """The TD(lambda) grid (lambda = 0 is td0)."""
 ALPHA_GRID = np.concatenate([[0.0], np.logspace(-3, 1.5, 55)])
 """Step sizes tried by `fit` (0 = no update; log-spaced 1e-3 .. 10^1.5, 1.0 on the grid)."""
+REFINE = 8
+"""Step sizes `fit` adds on each side of a `sweep` candidate's best grid step size (geometric, up to the
+neighbours on the grid), so that gamma' does not compensate for a step size between grid points."""
+GAUSS_NEWTON = 3
+POINTS_PER_CHUNK = 32
+"""Grid points of a candidate that runs one point at a time, scored together by `fit`."""
+REFINE_WITHIN = 10.0
+"""A gamma' whose least error on the grid is within this factor of the best gamma''s gets refined step sizes."""
+"""Gauss-Newton steps on the step size after the grid (`_gauss_newton`)."""
+RESOLUTION = float((ALPHA_GRID[2] / ALPHA_GRID[1]) ** (1 / (REFINE + 1)))
+"""The ratio of neighbouring refined step sizes (2.2 %): a refined step size's interval reaches this far out."""
 COARSE_GRID = np.concatenate([[0.0], ALPHA_GRID[1::3]])
 """The grid of candidates with two step sizes (every third point of ALPHA_GRID; 1.0 is on it)."""
 SCALE_GRID = np.array([0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
 """Softmax score scales tried by `fit` (beta^2 of one-hot x beta features)."""
+GAMMA_GRID = (0.0, 0.25, 0.5, 0.75, 0.9)
+"""Discounts gamma' tried by `fit` for the bootstrapping candidates (with the task's own gamma: `gamma_grid`)."""
+TIE_RTOL = 1e-9
+"""Relative distance of squared errors within which two grid points fit equally well (`Fit.ties`)."""
+
+
+def gamma_grid(task_gamma: float) -> np.ndarray:
+    """GAMMA_GRID with the task's discount, sorted (0 first: on an exact tie the fit keeps the first)."""
+    return np.unique(np.concatenate([GAMMA_GRID, [float(task_gamma)]]))
 
 
 @dataclass
@@ -113,6 +138,10 @@ class Transitions:
         """Control tasks output parameters (no query) and their TD(0) is SARSA."""
         return self.phi_query is None and self.x is None
 
+    def with_gamma(self, gamma: float) -> "Transitions":
+        """The same transitions under another discount (the eligibility traces are recomputed)."""
+        return self if float(gamma) == self.gamma else replace(self, gamma=float(gamma))
+
     def take(self, idx) -> "Transitions":
         """The transitions of a subset of the prompts."""
         sub = {k: (v[idx] if isinstance(v, np.ndarray) else v) for k, v in self.__dict__.items() if k[0] != "_"}
@@ -165,35 +194,55 @@ class Candidate:
     """hyperparameter name -> values `fit` tries (empty: nothing to fit)."""
     needs: Callable[[Transitions], str | None] = lambda tr: None
     """None when the candidate applies to the transitions, else why not."""
+    discount: bool = False
+    """It bootstraps (or discounts) with a gamma' that `fit` chooses on `gamma_grid` (else the task's gamma)."""
+    sweep: bool = False
+    """`run` takes an array of step sizes at once (hyper["alpha"] [A]) and returns outputs [A, B, K+1, k]."""
+    family_lambda: float | None = None
+    """Its lambda, for a member of the TD(lambda) family (td0: 0): the verdict's lambda interval is over them."""
+
+
+def run(c: Candidate, tr: Transitions, hyper: dict, K: int) -> Trace:
+    """The candidate at these hyperparameters, with its fitted discount hyper["gamma"] where it has one."""
+    if "gamma" in hyper:
+        tr = tr.with_gamma(hyper["gamma"])
+    return c.run(tr, {k: v for k, v in hyper.items() if k != "gamma"}, K)
 
 
 # ------------------------------------------------------------------ the linear iteration
 def _values(phi: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """[B, n] phi_i . w per prompt (a batched matrix product: einsum does not use BLAS here)."""
-    return (phi @ w[:, :, None])[..., 0]
+    """[..., B, n] phi_i . w per prompt (w [..., B, d]: a batched matrix product; einsum does not use BLAS here)."""
+    return (phi @ w[..., None])[..., 0]
 
 
 def _weighted(u: np.ndarray, phi: np.ndarray) -> np.ndarray:
-    """[B, d] sum_i u_i phi_i per prompt."""
-    return (u[:, None, :] @ phi)[:, 0]
+    """[..., B, d] sum_i u_i phi_i per prompt (u [..., B, n])."""
+    return (u[..., None, :] @ phi)[..., 0, :]
 
 
 def _output(tr: Transitions, w: np.ndarray, lam: np.ndarray | None = None) -> np.ndarray:
     """The output of parameters w [B, d] (and lam [B, m]): the query value, the value of S_n, or [w; lam]."""
     if tr.phi_query is not None:
-        return (w * tr.phi_query).sum(-1)[:, None]
+        return (w * tr.phi_query).sum(-1)[..., None]
     if tr.x is not None:  # the linear candidates on a trajectory S_0..S_n: the value of S_n = phi'_{n-1}
-        return (w * tr.phi_next[:, -1]).sum(-1)[:, None]
+        return (w * tr.phi_next[:, -1]).sum(-1)[..., None]
     if tr.lam0 is not None:
-        return np.concatenate([w, tr.lam0 if lam is None else lam], axis=-1)
+        lam = tr.lam0 if lam is None else lam
+        return np.concatenate([w, np.broadcast_to(lam, w.shape[:-1] + lam.shape[-1:])], axis=-1)
     return w
 
 
-def _iterate(tr: Transitions, K: int, alpha: float, error, D: np.ndarray, error_name: str = "td_error") -> Trace:
+def _iterate(tr: Transitions, K: int, alpha: float | np.ndarray, error, D: np.ndarray, error_name: str = "td_error",
+             affine: bool = True) -> Trace:
     """w_{k+1} = w_k + (alpha/n) sum_i e_i(w_k) D_i, with e = error(w, v) (v = w.phi_i: the values, computed
-    once per step); internals: the errors e and the values v per column."""
+    once per step); internals: the errors e and the values v per column. An array of step sizes alpha [A]
+    runs them all at once (outputs [A, B, K+1, k], no internals: the fit needs only outputs); with an error
+    `affine` in w, e(w) = c - M w, that is the d-dimensional map w += (alpha/n)(b - G w), b = sum_i c_i D_i,
+    G = sum_i D_i M_i^T, read off the error at w = 0 and at the unit vectors (n times fewer operations)."""
     K = V.count("steps", K, 0)
     n = tr.shape[1]
+    if np.ndim(alpha) == 1:
+        return _sweep(tr, K, np.asarray(alpha, dtype=np.float64), error, D, affine)
     w = tr.w0.copy()
     outs, errs, vals = [], [], []
     for k in range(K + 1):
@@ -207,6 +256,29 @@ def _iterate(tr: Transitions, K: int, alpha: float, error, D: np.ndarray, error_
     return Trace(np.stack(outs, 1), {error_name: np.stack(errs, 1), "value": np.stack(vals, 1)})
 
 
+def _sweep(tr: Transitions, K: int, alphas: np.ndarray, error, D: np.ndarray, affine: bool) -> Trace:
+    """`_iterate` for every step size in `alphas` at once: outputs [A, B, K+1, k]."""
+    B, n, d = tr.shape
+    step = alphas[:, None, None] / n
+    w = np.broadcast_to(tr.w0, (alphas.size, B, d)).copy()
+    if affine:
+        zero = np.zeros((B, d))
+        c = error(zero, _values(tr.phi, zero))  # [B, n]
+        unit = np.broadcast_to(np.eye(d)[:, None, :], (d, B, d))
+        M = c - error(unit, _values(tr.phi, unit))  # [d, B, n]: e(u_j) = c - M_j
+        b = _weighted(c, D)  # [B, d]
+        G = np.einsum("bnd,jbn->bdj", D, M)  # [B, d, d]
+    outs = []
+    for k in range(K + 1):
+        outs.append(_output(tr, w))
+        if k < K:
+            if affine:
+                w = w + step * (b - (G * w[:, :, None, :]).sum(-1))
+            else:
+                w = w + step * _weighted(error(w, _values(tr.phi, w)), D)
+    return Trace(np.stack(outs, -2), {})
+
+
 def td_error(tr: Transitions, w: np.ndarray, next_values: np.ndarray | None = None,
              values: np.ndarray | None = None) -> np.ndarray:
     """[B, n] delta_i = r_i + gamma v'_i - w.phi_i with v'_i = w.phi'_i (or the given successor values)."""
@@ -218,21 +290,22 @@ def _td(tr: Transitions):
     return lambda w, v: td_error(tr, w, values=v)
 
 
-def td_lambda(tr: Transitions, alpha: float, K: int, lam: float = 0.0) -> Trace:
+def td_lambda(tr: Transitions, alpha: float | np.ndarray, K: int, lam: float = 0.0) -> Trace:
     """Batch TD(lambda) with accumulating traces along the context; lam = 0 is batch TD(0)."""
     return _iterate(tr, K, alpha, _td(tr), tr.phi if lam == 0 else tr.traces(lam))
 
 
-def residual_gradient(tr: Transitions, alpha: float, K: int) -> Trace:
+def residual_gradient(tr: Transitions, alpha: float | np.ndarray, K: int) -> Trace:
     """Residual-gradient TD: descent on (1/2n) sum_i delta_i^2, u_i = delta_i (phi_i - gamma phi'_i)."""
     return _iterate(tr, K, alpha, _td(tr), tr.phi - tr.gamma * tr.phi_next)
 
 
-def mc_regression(tr: Transitions, alpha: float, K: int) -> Trace:
+def mc_regression(tr: Transitions, alpha: float | np.ndarray, K: int) -> Trace:
     """Gradient descent on the Monte-Carlo regression (1/2n) sum_i (G_i - w.phi_i)^2."""
     G = tr.returns()
     trace = _iterate(tr, K, alpha, lambda w, v: G - v, tr.phi, "mc_error")
-    trace.internals["return"] = np.broadcast_to(G[:, None], trace.internals["value"].shape).copy()
+    if trace.internals:
+        trace.internals["return"] = np.broadcast_to(G[:, None], trace.internals["value"].shape).copy()
     return trace
 
 
@@ -263,15 +336,16 @@ def expected_next(tr: Transitions) -> np.ndarray:
 def greedy_values(tr: Transitions, w: np.ndarray) -> np.ndarray:
     """[B, n] max_a w.phi(s'_i, a): Q-learning's successor values."""
     B, n, A, d = tr.next_options.shape
-    return (tr.next_options.reshape(B, n * A, d) @ w[:, :, None]).reshape(B, n, A).max(-1)
+    q = tr.next_options.reshape(B, n * A, d) @ w[..., None]
+    return q.reshape(q.shape[:-3] + (B, n, A)).max(-1)
 
 
-def expected_sarsa(tr: Transitions, alpha: float, K: int) -> Trace:
+def expected_sarsa(tr: Transitions, alpha: float | np.ndarray, K: int) -> Trace:
     return td_lambda(replace(tr, phi_next=expected_next(tr)), alpha, K)
 
 
-def q_learning(tr: Transitions, alpha: float, K: int) -> Trace:
-    return _iterate(tr, K, alpha, lambda w, v: td_error(tr, w, greedy_values(tr, w), v), tr.phi)
+def q_learning(tr: Transitions, alpha: float | np.ndarray, K: int) -> Trace:
+    return _iterate(tr, K, alpha, lambda w, v: td_error(tr, w, greedy_values(tr, w), v), tr.phi, affine=False)
 
 
 def actor_critic(tr: Transitions, alpha: float, beta: float, K: int) -> Trace:
@@ -332,29 +406,31 @@ ALPHA = {"alpha": ALPHA_GRID}
 
 
 def _linear_set() -> list[Candidate]:
+    lin = {"discount": True, "sweep": True}  # fitted gamma', the step-size grid run at once and refined
     out = [
         Candidate("td0", "batch TD(0): w += (alpha/n) sum_i delta_i phi_i",
-                  lambda tr, h, K: td_lambda(tr, h["alpha"], K), ALPHA, _evaluation),
+                  lambda tr, h, K: td_lambda(tr, h["alpha"], K), ALPHA, _evaluation, **lin, family_lambda=0.0),
         Candidate("batch_sarsa", "batch semi-gradient SARSA: w += (alpha/n) sum_i delta_i phi(s_i, a_i), "
                   "delta_i bootstrapping on the sampled next action",
-                  lambda tr, h, K: td_lambda(tr, h["alpha"], K), ALPHA, _control),
+                  lambda tr, h, K: td_lambda(tr, h["alpha"], K), ALPHA, _control, **lin),
     ]
     for lam in LAMBDAS:
         out.append(Candidate(f"td_lambda_{lam:g}", f"batch TD(lambda = {lam:g}) with accumulating traces "
-                             "along the context", lambda tr, h, K, lam=lam: td_lambda(tr, h["alpha"], K, lam), ALPHA))
+                             "along the context", lambda tr, h, K, lam=lam: td_lambda(tr, h["alpha"], K, lam), ALPHA,
+                             **lin, family_lambda=lam))
     out += [
         Candidate("residual_gradient", "residual-gradient TD: w += (alpha/n) sum_i delta_i (phi_i - gamma phi'_i)",
-                  lambda tr, h, K: residual_gradient(tr, h["alpha"], K), ALPHA),
+                  lambda tr, h, K: residual_gradient(tr, h["alpha"], K), ALPHA, **lin),
         Candidate("mc_regression", "Monte-Carlo return regression: w += (alpha/n) sum_i (G_i - w.phi_i) phi_i",
-                  lambda tr, h, K: mc_regression(tr, h["alpha"], K), ALPHA),
-        Candidate("lstd", "LSTD closed form w = A^+ b (the fixed point of batch TD(0))", lstd),
+                  lambda tr, h, K: mc_regression(tr, h["alpha"], K), ALPHA, **lin),
+        Candidate("lstd", "LSTD closed form w = A^+ b (the fixed point of batch TD(0))", lstd, discount=True),
         Candidate("expected_sarsa", "batch expected SARSA: bootstraps on sum_a pi(a|s') w.phi(s', a)",
                   lambda tr, h, K: expected_sarsa(tr, h["alpha"], K), ALPHA,
                   _all(_control, _need("next_options", "no features of every action at the next state"),
-                       _need("next_policy", "no behaviour policy at the next state"))),
+                       _need("next_policy", "no behaviour policy at the next state")), **lin),
         Candidate("q_learning", "batch Q-learning: bootstraps on max_a w.phi(s', a)",
                   lambda tr, h, K: q_learning(tr, h["alpha"], K), ALPHA,
-                  _all(_control, _need("next_options", "no features of every action at the next state"))),
+                  _all(_control, _need("next_options", "no features of every action at the next state")), **lin),
         Candidate("actor_critic", "actor-critic: SARSA critic (step beta) and policy-gradient actor (step alpha)",
                   lambda tr, h, K: actor_critic(tr, h["alpha"], h["beta"], K),
                   {"alpha": COARSE_GRID, "beta": COARSE_GRID},
@@ -390,6 +466,14 @@ def applicable(tr: Transitions, names=None) -> tuple[list[Candidate], dict[str, 
 
 
 # ------------------------------------------------------------------ fitting
+def outward_interval(samples: np.ndarray) -> list | None:
+    """[2.5 %, 97.5 %] quantiles of refits' values, taken outward to values that occur (a grid's own values)."""
+    s = np.asarray(samples, dtype=np.float64)
+    s = s[np.isfinite(s)]
+    return None if s.size == 0 else [float(np.quantile(s, 0.025, method="lower")),
+                                     float(np.quantile(s, 0.975, method="higher"))]
+
+
 @dataclass
 class Fit:
     """The hyperparameters and step k of one candidate that best match one target on training tasks."""
@@ -401,42 +485,187 @@ class Fit:
     """Sum of squared errors on the training prompts at the fit."""
     sst: float
     """Sum of squares of the target about its mean on the training prompts."""
+    samples: dict = field(default_factory=dict)
+    """Refits on bootstrap resamples of the training tasks: name -> [R] values ('step' and each
+    hyperparameter; empty without resamples)."""
+    boot_sse: np.ndarray | None = None
+    """[R] the least squared error of each refit (to compare candidates on the same resample)."""
+    ties: dict = field(default_factory=dict)
+    """hyperparameter -> [low, high] of the grid values that fit as well as the best (within TIE_RTOL): e.g.
+    every gamma' after one TD step from w_0 = 0, where every TD error is the reward."""
+    resolution: float | None = None
+    """Ratio of neighbouring step sizes tried near the fit (refined ones): the alpha interval reaches this far."""
+
+    def interval(self, name: str):
+        """[low, high] of a fitted parameter: the 2.5 % and 97.5 % grid values over the refits (the nearest
+        grid values outward, so the interval is on the grid), widened to every exactly tied value and, for the
+        step size, by the spacing of the step sizes tried (`resolution`)."""
+        s = self.samples.get(name)
+        point = self.step if name == "step" else self.hyper.get(name)
+        ci = None if point is None or s is None else outward_interval(s)
+        if ci is None:
+            return None
+        lo, hi = ci
+        if name in self.ties:
+            lo, hi = min(lo, self.ties[name][0]), max(hi, self.ties[name][1])
+        lo, hi = min(lo, float(point)), max(hi, float(point))
+        if name == "alpha" and self.resolution:
+            lo, hi = lo / self.resolution, hi * self.resolution  # the step sizes tried are this far apart
+        return [lo, hi]
 
     def to_json(self) -> dict:
         r2 = 1.0 - self.sse / self.sst if self.sst > 0 else None
         return {"hyperparameters": {k: float(v) for k, v in self.hyper.items()}, "step": self.step,
-                "train_sse": self.sse, "train_r2": r2}
+                "train_sse": self.sse, "train_r2": r2,
+                "hyperparameter_ci": {k: self.interval(k) for k in self.hyper},
+                "step_ci": self.interval("step") if self.step is not None else None}
 
 
-def grid_points(c: Candidate) -> list[dict]:
-    """Every combination of the candidate's hyperparameter grid (one empty dict when it has none)."""
-    points = [{}]
+def grid_points(c: Candidate, gamma: float | None = None) -> list[dict]:
+    """Every combination of the candidate's hyperparameter grid (one empty dict when it has none), with
+    gamma' on `gamma_grid(gamma)` first for a discounting candidate when the task's `gamma` is given."""
+    points = [{"gamma": float(g)} for g in gamma_grid(gamma)] if c.discount and gamma is not None else [{}]
     for name, values in c.grid.items():
         points = [{**p, name: float(v)} for p in points for v in values]
     return points
 
 
-def fit(c: Candidate, tr: Transitions, targets: np.ndarray, K: int) -> list[Fit]:
-    """Per target l (targets [L, B, k]): the grid point and step k <= K whose output has the least squared
-    error against target l on these (training) prompts."""
-    targets = np.asarray(targets, dtype=np.float64)
-    L = targets.shape[0]
-    best: list[Fit | None] = [None] * L
-    sst = ((targets - targets.mean(1, keepdims=True)) ** 2).sum((1, 2))
-    closed = False
-    for hyper in grid_points(c):
+def refined(alphas: np.ndarray, best: list[int]) -> np.ndarray:
+    """REFINE geometric step sizes on each side of each alphas[j], j in `best`, up to its grid neighbours (not
+    alphas[j] itself: an exact grid value keeps winning its ties); none around 0."""
+    t = np.arange(1, REFINE + 1) / (REFINE + 1)
+    out = []
+    for j in sorted(set(best)):
+        if alphas[j] <= 0:
+            continue
+        if j + 1 < alphas.size:
+            out.append(alphas[j] * (alphas[j + 1] / alphas[j]) ** t)
+        if j - 1 >= 0 and alphas[j - 1] > 0:
+            out.append(alphas[j] * (alphas[j - 1] / alphas[j]) ** t)
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def _sse(out: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """[A, L, K+1] squared error of outputs [A, B, K+1, k] against every target [L, B, k] (inf where not finite),
+    expanded as |o|^2 - 2 o.t + |t|^2: it only chooses where to refine (`fit` scores the differences)."""
+    with np.errstate(all="ignore"):
+        sse = (np.einsum("abkc,abkc->ak", out, out)[:, None] - 2 * np.einsum("abkc,lbc->alk", out, targets)
+               + (targets ** 2).sum((1, 2))[None, :, None])
+    return np.where(np.isfinite(sse), sse, np.inf)
+
+
+def _gauss_newton(c: Candidate, tr: Transitions, outer: dict, K: int, targets: np.ndarray, start: np.ndarray):
+    """Gauss-Newton steps on the step size of each (target l, step k) from start [M] (alpha, l, k rows): the
+    output is smooth in alpha, so alpha += sum r g / sum g^2 with g = d output / d alpha (a forward difference)
+    reaches the least-squares step size to rounding in a few steps (a zero-residual fit converges
+    quadratically). Yields (alphas [M], outputs [M, B, K+1, k]) of every iterate."""
+    alpha, l, k = start[:, 0], start[:, 1].astype(int), start[:, 2].astype(int)
+    rows = np.arange(alpha.size)
+    for it in range(GAUSS_NEWTON + 1):
+        out = run(c, tr, {**outer, "alpha": alpha}, K).outputs
+        yield alpha, out
+        if it == GAUSS_NEWTON:
+            return
+        h = alpha * 1e-6
+        g = (run(c, tr, {**outer, "alpha": alpha + h}, K).outputs[rows, :, k] - out[rows, :, k]) / h[:, None, None]
+        r = targets[l] - out[rows, :, k]  # [M, B, k]
+        step = (r * g).sum((1, 2)) / np.maximum((g * g).sum((1, 2)), 1e-300)
+        new = np.clip(alpha + step, alpha / 2, alpha * 2)  # a trust region: never past a factor of 2
+        alpha = np.where(np.isfinite(new), new, alpha)
+
+
+def _runs(c: Candidate, tr: Transitions, K: int, targets: np.ndarray):
+    """(points, outputs [P, B, K+1, k], closed form?) over the grid, a chunk at a time: for a `sweep` candidate
+    the step-size grid in one run per gamma'; then, for each gamma' within REFINE_WITHIN of a target's least
+    error, the step sizes `refined` around that target's best; then Gauss-Newton on the step size at the steps
+    next to each target's best k, for the gamma' that fit it best (and those tied with it): alpha and k trade
+    off, and a grid step size would let a neighbouring k win. One run per point otherwise."""
+    points = grid_points(c, tr.gamma)
+    if c.sweep:
+        alphas = c.grid["alpha"]
+        tried = []  # per gamma': [outer, step sizes tried, sse [A, L, K+1]]
+        for lo in range(0, len(points), alphas.size):
+            outer = {k: v for k, v in points[lo].items() if k != "alpha"}
+            with np.errstate(all="ignore"):
+                out = run(c, tr, {**outer, "alpha": alphas}, K).outputs
+            yield points[lo: lo + alphas.size], out, False
+            tried.append([outer, alphas, _sse(out, targets)])
+        least = np.min([t[2].min((0, 2)) for t in tried], 0)  # [L]: the least error over every gamma'
+        for t in tried:
+            outer, _, sse = t
+            near = sse.min((0, 2)) <= REFINE_WITHIN * least  # [L]
+            fine = refined(alphas, [int(j) for j in np.argmin(sse.min(-1), 0)[near]])
+            if fine.size:
+                with np.errstate(all="ignore"):
+                    out = run(c, tr, {**outer, "alpha": fine}, K).outputs
+                yield [{**outer, "alpha": float(a)} for a in fine], out, False
+                t[1:] = [np.r_[alphas, fine], np.concatenate([sse, _sse(out, targets)])]
+        least = np.min([t[2].min((0, 2)) for t in tried], 0)
+        for outer, a_all, sse in tried:
+            near = sse.min((0, 2)) <= least * (1 + TIE_RTOL)  # [L]: the best gamma' of these targets, or tied
+            best, kbest = np.argmin(sse, 0), np.argmin(sse.min(0), -1)  # [L, K+1], [L]
+            start = [(a_all[best[l, k]], l, k) for l in np.nonzero(near)[0]
+                     for k in range(max(1, kbest[l] - 2), min(K, kbest[l] + 2) + 1)
+                     if a_all[best[l, k]] > 0 and np.isfinite(sse[best[l, k], l, k])]
+            if start:
+                with np.errstate(all="ignore"):
+                    for a, o in _gauss_newton(c, tr, outer, K, targets, np.array(start, dtype=np.float64)):
+                        yield [{**outer, "alpha": float(x)} for x in a], o, False
+        return
+    for lo in range(0, len(points), POINTS_PER_CHUNK):  # a few points at a time: one weighted sum for them all
         with np.errstate(all="ignore"):
-            trace = c.run(tr, hyper, K)
-        closed = trace.closed_form
-        sse = ((trace.outputs[None] - targets[:, :, None]) ** 2).sum((1, 3))  # [L, K+1]
-        sse = np.where(np.isfinite(sse), sse, np.inf)
-        for l in range(L):
-            k = int(np.argmin(sse[l]))
-            if best[l] is None or sse[l, k] < best[l].sse:
-                best[l] = Fit(hyper, k, float(sse[l, k]), float(sst[l]))
-    for f in best:
-        if f.sse == np.inf:
+            traces = [run(c, tr, p, K) for p in points[lo: lo + POINTS_PER_CHUNK]]
+        yield points[lo: lo + POINTS_PER_CHUNK], np.stack([t.outputs for t in traces]), traces[0].closed_form
+
+
+def fit(c: Candidate, tr: Transitions, targets: np.ndarray, K: int, weights: np.ndarray | None = None) -> list[Fit]:
+    """Per target l (targets [L, B, k]): the grid point and step k <= K whose output has the least squared
+    error against target l on these (training) prompts. `weights` [R, B]: bootstrap resamples (each prompt's
+    count: its task's draws); each row is refitted the same way, and the refits' parameters are the
+    `Fit.samples`. The squared error of every grid point and step is computed once per prompt, so a refit is
+    one weighted sum and an argmin."""
+    targets = np.asarray(targets, dtype=np.float64)
+    L, B = targets.shape[:2]
+    W = np.ones((1, B)) if weights is None else np.concatenate([np.ones((1, B)), np.asarray(weights, float)])
+    sst = ((targets - targets.mean(1, keepdims=True)) ** 2).sum((1, 2))
+    best = np.full((L, W.shape[0]), np.inf)
+    where = np.zeros((L, W.shape[0], 2), dtype=np.int64)  # (grid point, step) of the best
+    points: list[dict] = []
+    closed = False
+    gamma_best: dict[float, np.ndarray] = {}  # gamma' -> [L] least error of the point fit
+    for chunk, out, closed in _runs(c, tr, K, targets):
+        with np.errstate(all="ignore"):
+            for l in range(L):
+                d = out - targets[l][None, :, None]
+                sse = d[..., 0] ** 2 if d.shape[-1] == 1 else np.einsum("pbkc,pbkc->pbk", d, d)  # [P, B, K+1]
+                ok = np.isfinite(sse)
+                tot = np.matmul(W, np.where(ok, sse, 0.0))  # [P, R, K+1]: one BLAS product per grid point
+                tot = np.where(ok.all(1)[:, None], tot, np.inf).transpose(1, 0, 2)  # diverged somewhere: out
+                flat = tot.reshape(W.shape[0], -1)
+                j = np.argmin(flat, 1)  # first of ties: the earlier grid point, then the smaller k
+                v = flat[np.arange(W.shape[0]), j]
+                margin = np.where(np.isfinite(best[l]), TIE_RTOL * (best[l] + 1e-3 * sst[l]), 0.0)
+                better = v < best[l] - margin  # a near-tie (rounding) keeps the earlier point
+                best[l] = np.where(better, v, best[l])
+                where[l, better] = np.stack([len(points) + j // tot.shape[2], j % tot.shape[2]], 1)[better]
+                if "gamma" in chunk[0]:
+                    for p, e in zip(chunk, tot[0].min(-1)):  # the least error of each gamma' (ties: `Fit.ties`)
+                        g = gamma_best.setdefault(p["gamma"], np.full(L, np.inf))
+                        g[l] = min(g[l], float(e))
+        points += chunk
+    fits = []
+    for l in range(L):
+        if best[l, 0] == np.inf:
             raise UserError(f"candidate {c.name} diverges for every step size on these tasks")
-        if closed:
-            f.step = None
-    return best
+        p, k = where[l, 0]
+        samples = {}
+        if W.shape[0] > 1:
+            samples = {name: np.array([points[q][name] for q in where[l, 1:, 0]]) for name in points[p]}
+            if not closed:
+                samples["step"] = where[l, 1:, 1].astype(np.float64)
+        tol = TIE_RTOL * (best[l, 0] + 1e-3 * sst[l])
+        tied = [g for g, e in gamma_best.items() if e[l] <= best[l, 0] + tol]
+        fits.append(Fit(dict(points[p]), None if closed else int(k), float(best[l, 0]), float(sst[l]), samples,
+                        best[l, 1:].copy() if W.shape[0] > 1 else None,
+                        {"gamma": [min(tied), max(tied)]} if len(tied) > 1 else {}, RESOLUTION if c.sweep else None))
+    return fits

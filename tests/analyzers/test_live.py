@@ -74,8 +74,8 @@ def test_cache_is_bounded_and_pass_two_recomputes(tmp_path):
         seen = []
         update = rec.f._batch
 
-        def spy(index, need_model):
-            out = update(index, need_model)
+        def spy(index, need_model, path=None):
+            out = update(index, need_model, path)
             seen.append(len(rec.f._full))
             return out
 

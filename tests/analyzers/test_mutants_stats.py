@@ -154,10 +154,10 @@ def test_json_schema_size_gate(tmp_path, monkeypatch):
 
     assert inputs.CAUSAL_MAX_BYTES == 64 << 20  # a causal JSON is a few kB; larger .json files are not read
     p = tmp_path / "c.json"
-    p.write_text('{"schema": "icrl_interp.causal/1"}')
+    p.write_text('{"schema": "icrl_interp.causal/2"}')
     size = p.stat().st_size
     monkeypatch.setattr(inputs, "CAUSAL_MAX_BYTES", size)
-    assert inputs.json_schema(p) == "icrl_interp.causal/1" and inputs.is_causal_json(p)  # at the limit: read
+    assert inputs.json_schema(p) == "icrl_interp.causal/2" and inputs.is_causal_json(p)  # at the limit: read
     monkeypatch.setattr(inputs, "CAUSAL_MAX_BYTES", size - 1)
     assert inputs.json_schema(p) is None
 

@@ -577,7 +577,7 @@ ROWS += [
      "corrupt recording (/progress says 1000000000 prompts, its n_prompts attribute 12)"),
     ("analyze-recording-progress-and-attribute-absurd", ["analyze", "{t}/r.h5"],
      damaged(lambda f: (f["progress"].__setitem__(0, 10**9), f.attrs.__setitem__("n_prompts", 10**9))),
-     "/progress says 1000000000 prompts, but acts/blocks.0.attn.hook_pattern holds 12 rows"),
+     "/progress says 1000000000 prompts, but acts/blocks.0.attn.hook_v holds 12 rows"),
 ]
 BEFORE_TORCH = {"record-tasks-absurd", "record-model-tasks-absurd", "analyze-live-tasks-absurd",
                 "analyze-live-model-tasks-absurd", "construct-layers-untied-absurd", "record-prompts-long",

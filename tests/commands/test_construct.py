@@ -3,6 +3,8 @@ parameters, with flags from the family's construct dataclass; mistakes are one-l
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -64,3 +66,15 @@ def test_existing_directory_needs_force(tmp_path, capsys):
     assert rc == 2 and "--force" in err and checkpoint.sha256(out) == first
     assert _cli(capsys, "construct", "linear-td", "--out", out, "--alpha", "0.5", "--force")[0] == 0
     assert checkpoint.read(out)[0].model.alpha == 0.5
+
+
+def test_construct_and_record_import_neither_transformers_nor_transformer_lens(tmp_path):
+    """Cold start: the package's own models carry TL's hook API themselves (models/hooks.py), so constructing
+    and recording them never pays for importing TransformerLens, which imports `transformers`."""
+    code = ("import sys\nfrom icrl_interp import cli\n"
+            f"assert cli.main(['construct', 'linear-td', '--out', {str(tmp_path / 'ck')!r}, '--d', '2', '--n-layers', '1']) == 0\n"
+            f"assert cli.main(['record', {str(tmp_path / 'ck')!r}, '--out', {str(tmp_path / 'r.h5')!r}, '--tasks', '4', "
+            "'--no-progress']) == 0\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'transformer_lens'))\n"
+            "assert 'icrl_interp.models.hooks' in sys.modules and not heavy, heavy[:5]\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300, capture_output=True)

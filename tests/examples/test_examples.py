@@ -150,7 +150,7 @@ def test_python_analysis_and_causal_test(python_runs, which):
     change = section["erasure"]["output_change"]["td"]["mean"]
     assert math.isfinite(change) and change >= 0
     saved = json.loads(Path(run["paths"]["causal"]).read_text())
-    assert saved["schema"] == "icrl_interp.causal/1" and saved["causal"]["layer"] == 0
+    assert saved["schema"] == "icrl_interp.causal/2" and saved["causal"]["layer"] == 0
 
 
 @pytest.mark.parametrize("which", WHICH)

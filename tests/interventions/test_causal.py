@@ -322,8 +322,12 @@ def test_editing_the_last_layer_of_wang_changes_nothing():
     assert out["cohen_d"]["value"] == 0.0 and out["ratio"]["value"] is None
     assert res["steering"][0]["td"]["change"] == 0.0
     assert any("layer 2 is the last of 3" in n and "no later layer reads them" in n for n in res["notes"])
+    # no edit moves the output, so the site cannot answer: inconclusive, whatever the intervals (all [0, 0])
+    assert res["conclusion"] == "inconclusive" and "no edit at this site changes the output" in res["conclusion_reason"]
+    assert "layer 2 is the last of 3" in res["conclusion_reason"]
     earlier = causal.causal_test(model, cfg, 1, tasks=16, random_draws=4, bootstrap=50, steer=(), baseline="none")
     assert not any("last of" in n for n in earlier["notes"])
+    assert "no edit at this site" not in earlier["conclusion_reason"]
 
 
 class IgnoresU(nn.Module):
@@ -456,8 +460,8 @@ def test_the_baseline_runs_the_identical_test():
               cmp["probe_r2_test"]):
         assert v["difference"] == {"mean": 0.0, "ci": [0.0, 0.0]}  # exact: differences of identical numbers
     assert cmp["erasure"]["output_change"]["trained"] == res["erasure"]["output_change"]["difference"]
-    assert cmp["exceeds_random_init"].startswith("no: intervals overlap")
-    assert cmp["probe_exceeds_random_init"].startswith("no: intervals overlap")
+    assert cmp["exceeds_random_init"].startswith("no: the paired difference's interval includes 0")
+    assert cmp["probe_exceeds_random_init"].startswith("no: the paired difference's interval includes 0")
     none = causal.causal_test(model, cfg, 0, roles={"resid_post": "layer{layer}"}, tasks=32, random_draws=6,
                               bootstrap=100, steer=(1.0,), baseline="none")
     assert "baseline" not in none and json.dumps(none) == json.dumps({k: v for k, v in res.items() if k != "baseline"})
@@ -472,7 +476,7 @@ def test_theta_star_exceeds_its_random_init_copy():
     model, cfg = star("linear-td", layers=3, n=30)
     res = causal.causal_test(model, cfg, 0, tasks=256, random_draws=8, bootstrap=200, steer=(2.0,))
     cmp = res["baseline"]["comparison"]
-    assert cmp["exceeds_random_init"].startswith("yes: intervals do not overlap"), cmp["exceeds_random_init"]
+    assert cmp["exceeds_random_init"].startswith("yes: the paired difference lies above 0"), cmp["exceeds_random_init"]
     assert cmp["erasure"]["output_change"]["difference"]["ci"][0] > 0
     assert cmp["steering"][0]["exceeds_random_init"].startswith("yes")
     assert cmp["probe_exceeds_random_init"].startswith("yes")  # R^2 1 against ~0.75
@@ -552,9 +556,16 @@ def _cli(capsys, *argv):
 def test_cli_on_a_checkpoint_and_on_a_user_model(files, capsys):
     d = files
     code, out, err = _cli(capsys, d / "star", "--layer", "0", "--tasks", "16", "--random-draws", "4",
-                          "--bootstrap", "50", "--steer", "-1", "1", "--json", d / "c.json", "--figure", d / "c.png")
+                          "--bootstrap", "50", "--steer", "-1", "1", "--json", d / "c.json", "--figure", d / "c.png",
+                          "--interchange", "transition")
     assert code == 0, err
     doc = json.loads((d / "c.json").read_text())
+    sec = doc["causal"]
+    assert sec["conclusion"] in causal.ANSWERS and f"conclusion: {sec['conclusion_reason']}" in out
+    assert sec["selective"]["selectivity"]["ci"] is not None and "selective probe" in out
+    ic = sec["interchange"]  # theta* runs the reference: a changed successor transfers its predicted change
+    assert ic["change"] == "transition" and ic["candidates"]["reference"]["correlation"]["mean"] > 0.9
+    assert "interchange (transition, context patched): reference: R²" in out
     assert doc["schema"] == causal.SCHEMA and doc["causal"]["hook"] == "blocks.0.hook_resid_post"
     assert [p["scale"] for p in doc["causal"]["steering"]] == [-1.0, 1.0]
     assert (d / "c.png").stat().st_size > 1000 and "erase: |Δ output|" in out
@@ -590,6 +601,7 @@ def test_cli_on_a_checkpoint_and_on_a_user_model(files, capsys):
     (["{d}/star", "--layer", "0", "--tasks", "3"], "--tasks must be an integer >= 8"),
     (["{d}/star", "--layer", "0", "--random-draws", "1"], "--random-draws must be an integer >= 2"),
     (["{d}/star", "--layer", "0", "--baseline", "trained"], "invalid choice: 'trained'"),
+    (["{d}/star", "--layer", "0", "--interchange", "sideways"], "invalid choice: 'sideways'"),
 ])
 def test_cli_errors_are_one_line(files, capsys, argv, fragment):
     code, out, err = _cli(capsys, *[a.format(d=files) for a in argv])

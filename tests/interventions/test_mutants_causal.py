@@ -127,27 +127,29 @@ def _cmp(t, b, d=(0.0, 0.1)):
     return {"trained": _stat(*t), "random_init": _stat(*b), "difference": _stat(*d)}
 
 
-@pytest.mark.parametrize("t, b, answer", [
-    ((0.5, 0.9), (0.1, 0.4), "yes: intervals do not overlap"),
-    ((0.5, 0.9), (0.1, 0.5), "no: intervals overlap"),  # touching: the lower bound must exceed the upper
-    ((0.5, 0.9), (0.1, 0.5 - 1e-9), "yes: intervals do not overlap"),
-    ((0.1, 0.4), (0.5, 0.9), "no: the random-init model's is larger"),
-    ((0.1, 0.5), (0.5, 0.9), "no: intervals overlap"),  # touching from below: not 'larger'
-    ((0.2, 0.6), (0.1, 0.3), "no: intervals overlap"),  # the lower bound is compared, not the upper
-    ((0.0, 0.3), (-0.5, -0.1), "no: intervals do not overlap, but the trained model's reaches 0"),
-    ((1e-9, 0.3), (-0.5, -0.1), "yes: intervals do not overlap"),
+@pytest.mark.parametrize("t, d, answer", [
+    ((0.5, 0.9), (0.1, 0.4), "yes: the paired difference lies above 0"),
+    ((0.5, 0.9), (0.0, 0.4), "no: the paired difference's interval includes 0"),  # touching 0: not above
+    ((0.5, 0.9), (1e-9, 0.4), "yes: the paired difference lies above 0"),
+    ((0.5, 0.9), (-0.4, -1e-9), "no: the random-init model's is larger"),
+    ((0.5, 0.9), (-0.4, 0.0), "no: the paired difference's interval includes 0"),  # touching from below: not larger
+    ((0.5, 0.9), (-0.1, 0.2), "no: the paired difference's interval includes 0"),  # the lower bound decides
+    ((0.0, 0.3), (0.1, 0.4), "no: the paired difference lies above 0, but the trained model's reaches 0"),
+    ((1e-9, 0.3), (0.1, 0.4), "yes: the paired difference lies above 0"),
 ])
-def test_exceeds_random_init_branches_and_boundaries(t, b, answer):
-    text = causal.verdict(_cmp(t, b), "excess")
+def test_exceeds_random_init_decides_by_the_paired_interval(t, d, answer):
+    """The issue's case: unpaired intervals that overlap, a paired difference above 0: the answer is yes (the
+    random-init interval (0.4, 1.0) overlaps every trained one here, and never decides)."""
+    text = causal.verdict(_cmp(t, (0.4, 1.0), d), "excess")
     assert text.startswith(answer), text
-    assert "excess: trained " in text and "paired difference 0.05 [0, 0.1]" in text
+    assert "excess: trained " in text and "paired difference" in text
 
 
 def test_exceeds_random_init_needs_both_intervals():
-    v = _cmp((0.5, 0.9), (0.1, 0.4))
-    v["random_init"]["ci"] = None
+    v = _cmp((0.5, 0.9), (0.1, 0.4), (0.1, 0.4))
+    v["difference"]["ci"] = None
     assert causal.verdict(v, "x").startswith("no: no interval to compare") and "(no interval)" in causal.verdict(v, "x")
-    v = _cmp((0.5, 0.9), (0.1, 0.4))
+    v = _cmp((0.5, 0.9), (0.1, 0.4), (0.1, 0.4))
     v["trained"]["ci"] = None
     assert causal.verdict(v, "x").startswith("no: no interval to compare")
 
@@ -373,7 +375,60 @@ def test_measure_by_hand(linear):
     draws = np.array([abs(a @ (1.5 * st.std * g)) for g in G])
     np.testing.assert_allclose(point["random"]["band"], [pct(draws, 5), pct(draws, 95)], rtol=1e-9)
     assert point["random"]["change"] == pytest.approx(draws.mean(), rel=1e-9)
-    assert m.largest == pytest.approx(max(td.max(), rand.max(), steer_td, draws.max()), rel=1e-9)
+    sel = max(float(v.max()) for v in m.per_task["selective"])  # the selective test's edits count too
+    assert m.largest == pytest.approx(max(td.max(), rand.max(), steer_td, draws.max(), sel), rel=1e-9)
+
+
+def test_selective_measure_by_hand(linear):
+    """On the linear model each erasure moves the output by |a.c| |mean_k (b.x_k - m)|: the selective direction's,
+    the input-explained one's shrunk to the selective erasure's variance (and at full size), the random draws'
+    matched to the selective one; the paired statistics use one set of resamples of the seed."""
+    model, cfg, roles = linear
+    a = model.a.detach().numpy()
+    st = causal.prepare(model, cfg, 0, roles=roles, tasks=24, seed=2)
+    X = st.features[st.test_index]
+    G = causal.random_directions(4, 6, seed=2, layer=0)
+    out, (s, i, r) = causal.measure_selective(st, "mean", G, seed=2, n_boot=200)
+    erase = lambda e: np.abs(a @ e.c) * np.abs((X @ e.b - e.m).mean(1))  # noqa: E731
+    sel, full = st.erase("mean", "selective"), st.erase("mean", "input")
+    size, full_size = causal.erased_variance(st.cov_x, sel), causal.erased_variance(st.cov_x, full)
+    assert size == pytest.approx(st.selective.selective.std ** 2, rel=1e-10)
+    t = np.sqrt(size / full_size)
+    np.testing.assert_allclose(s, erase(sel), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(i, t * erase(full), rtol=1e-9, atol=1e-12)  # shrinking c by t scales the change
+    np.testing.assert_allclose(r, np.stack([erase(st.erase_random("mean", g, "selective")) for g in G], 1),
+                               rtol=1e-9, atol=1e-12)
+    e = out["erasure"]
+    assert e["input_explained_shrink"] == pytest.approx(t, rel=1e-12)
+    assert e["erased_variance"]["input_explained"] == pytest.approx(size, rel=1e-9)
+    assert e["erased_variance"]["random"] == pytest.approx(size, rel=1e-8)
+    assert e["erased_variance"]["input_explained_full"] == pytest.approx(full_size, rel=1e-12)
+    assert e["input_explained_full"]["mean"] == pytest.approx(erase(full).mean(), rel=1e-9)
+    idx = np.random.default_rng([2, 0x5E1EC7]).integers(0, s.size, size=(200, s.size))
+    for key, v in (("excess_over_random", s - r.mean(1)), ("minus_input_explained", s - i)):
+        assert e[key]["mean"] == pytest.approx(v.mean(), rel=1e-9, abs=1e-15)
+        np.testing.assert_allclose(e[key]["ci"], [pct(v[idx].mean(1), 2.5), pct(v[idx].mean(1), 97.5)], rtol=1e-8)
+
+
+def test_the_residual_is_what_the_inputs_do_not_explain():
+    """selective.fit: the residual target is y minus the ridge prediction from the explaining inputs; a feature
+    that is exactly the residual gives the selective probe R^2 about 1 and the inputs' own R^2 on it about 0; a
+    feature that is exactly the inputs' prediction is the input-explained direction."""
+    from icrl_interp.interventions import experiment, selective
+
+    g = np.random.default_rng(3)
+    N, n = 60, 6
+    Z = g.standard_normal((N, n, 3))
+    extra = g.standard_normal((N, n))  # what the inputs cannot explain
+    y = Z @ np.array([1.0, -2.0, 0.5]) + extra
+    train, test = np.arange(40), np.arange(40, 60)
+    X = np.stack([extra, Z[..., 0] - 2 * Z[..., 1] + 0.5 * Z[..., 2], g.standard_normal((N, n))], -1)
+    fit = selective.fit(experiment._probe, X, Z, y, train, test)
+    assert fit.probe["r2_test"] > 0.99 and abs(fit.probe["input_r2_test"]) < 0.05
+    assert abs(fit.selective.u[0]) > 0.99  # the residual's direction is the feature that holds it
+    assert abs(fit.input.u[1]) > 0.99
+    sel = selective.selectivity_of(fit.sums.sum(0))
+    assert sel == pytest.approx(fit.probe["r2_test"] - max(fit.probe["input_r2_test"], 0.0), abs=1e-9)
 
 
 # ------------------------------------------------------------------ the verdict's causal evidence
@@ -604,3 +659,23 @@ def test_batches_do_not_change_the_outputs(linear):
     np.testing.assert_allclose(small.features, one.features, rtol=1e-12, atol=1e-14)
     edit = one.erase("mean")
     np.testing.assert_allclose(small.output(edit), one.output(edit), rtol=1e-12, atol=1e-14)
+
+
+def test_explained_by_is_the_column_and_the_no_bootstrap_error_at_the_step():
+    """selective.explained_by: the prompt's context columns, then reward regression's error r - w_k.phi (batch TD
+    at discount 0, written out here) at reference step k, the last step where k is beyond the reference's."""
+    from icrl_interp.interventions import selective
+
+    cfg = construct.task_config("linear-td", {"n_layers": 2, "n": 8})
+    z = np.asarray(cfg.sample(5, np.random.default_rng(0)).prompt.z)
+    n, lay = 8, cfg.model.layout
+    phi, r = z[:, :n, lay.slice("phi")], z[:, :n, lay.slice("reward")][..., 0]
+    w, eps = np.zeros((5, phi.shape[-1])), []
+    for _ in range(3):  # steps 0, 1, 2 of reward regression from w = 0
+        e = r - np.einsum("bnd,bd->bn", phi, w)
+        eps.append(e)
+        w = w + (cfg.model.alpha / n) * np.einsum("bn,bnd->bd", e, phi)
+    for step, want in ((1, eps[1]), (2, eps[2]), (7, eps[2])):
+        got = selective.explained_by(cfg, z, step, n)
+        np.testing.assert_array_equal(got[..., :-1], z[:, :n])  # exact: a copy
+        np.testing.assert_allclose(got[..., -1], want, rtol=0, atol=1e-12)

@@ -31,11 +31,17 @@ def test_per_prompt_known_answer():
     config = checkpoint.read(CK)[0]
     cost = budget.per_prompt(config, 31, 9, own_model=True)
     assert cost.data == 8 * 31 * 9 * 2 + 8 * (40 * 40 + 40 * 4 + 40)  # z twice; P, phi, r of 40 state-actions
-    assert cost.recorded == 4 * 3 * (31 * 31 + 2 * 31 * 9)  # per layer: the pattern, two streams
+    assert cost.recorded == 4 * 3 * (2 * 31 * 9)  # per layer: two streams; linear-td's spec hooks no pattern
+    sarsa = checkpoint.read(CK.parent / "sarsa")[0]  # its spec keeps the query row of the scores: 1 row
+    item = 8 if sarsa.model.dtype == "float64" else 4
+    assert budget.per_prompt(sarsa, 65, sarsa.model.D, own_model=True).recorded == \
+        item * sarsa.model.n_layers * (1 * 65 + 2 * 65 * sarsa.model.D)
     assert cost.working == 4 * (2 * 31 * 31 + 4 * 31 * 9)
     assert budget.per_prompt(config, 31, 9, own_model=False) == budget.PerPrompt(cost.data, 0, 0)
-    # two buffer sets once there are two batches; the working set once
-    assert budget.batch_bytes(cost, 128, 2, 4) == 128 * (cost.data + 2 * 2 * cost.recorded + cost.working)
+    # three buffer sets (the writer holds two batches, the forward fills the third) once there are three
+    # batches, one per batch before; the working set once
+    assert budget.batch_bytes(cost, 128, 2, 4) == 128 * (cost.data + 2 * 3 * cost.recorded + cost.working)
+    assert budget.batch_bytes(cost, 128, 2, 2) == 128 * (cost.data + 2 * 2 * cost.recorded + cost.working)
     assert budget.batch_bytes(cost, 128, 2, 1) == 128 * (cost.data + 2 * cost.recorded + cost.working)
 
 
@@ -83,7 +89,7 @@ def test_disk_estimate_before_torch_is_the_recordings_size(recorded, tmp_path, m
     run = lambda: budget.check_run(config, tasks=256, batch_size=128, baseline=True, own_model=True,  # noqa: E731
                                    out=tmp_path / "r.h5")
     if refused:
-        with pytest.raises(UserError, match=r"^--tasks 256 would write ~10\.\d MiB \(free on /\S*: 9\.\d MiB\)$"):
+        with pytest.raises(UserError, match=r"^--tasks 256 would write ~4\.\d+ MiB \(free on /\S*: 4\.\d+ MiB\)$"):
             run()
     else:
         run()
@@ -97,7 +103,7 @@ def test_recorder_checks_the_disk_with_its_first_batch(recorded, tmp_path, monke
     record = lambda: recorder.record_model(checkpoint.load(CK), CK, out, tasks=256, batch_size=128,  # noqa: E731
                                            progress=False)
     if refused:
-        with pytest.raises(UserError, match=r"^recording 256 prompts would write ~10\.\d MiB"):
+        with pytest.raises(UserError, match=r"^recording 256 prompts would write ~4\.\d+ MiB"):
             record()
         assert not out.exists() and not partial_path(out).exists()
     else:

@@ -79,3 +79,21 @@ def test_the_readers_methods_agree_from_the_end(both):
     hook = PATHS[0].split("/", 1)[1]
     np.testing.assert_array_equal(live.read(hook, -3), rec.read(hook, -3))
     np.testing.assert_array_equal(live.array("/prompts/z", 2, -2), rec.array("/prompts/z", 2, -2))
+
+
+def test_a_chunk_of_a_longer_run_is_held_once(run):
+    """A read of activations of consecutive prompts over several batches (an analyzer's chunk) of a
+    longer run copies them out, and the cached batches give that path up: the chunk is held once, not also in the cache
+    (docs/analyzers.md, "Live analysis"). A later read computes them again, equal; a read of the whole
+    run keeps them (its second pass finds them cached)."""
+    model, spec, source, out = run
+    path = PATHS[0]
+    with Recording(out) as rec, open_live(model, spec, source(), batch_size=BATCH) as live:
+        f = live.f
+        np.testing.assert_array_equal(f[path][: 2 * BATCH], rec.f[path][: 2 * BATCH])  # exact: the same forward pass
+        assert all(path not in f._full[b] for b in (0, 1)) and "prompts/z" in f._full[0]  # activations only
+        before = f.forward_batches
+        np.testing.assert_array_equal(f[path][: 2 * BATCH], rec.f[path][: 2 * BATCH])
+        assert f.forward_batches == before + 2  # both batches ran again (counts: integers)
+        np.testing.assert_array_equal(f[path][:N], rec.f[path][:N])
+        assert all(path in data for data in f._full.values())

@@ -38,12 +38,17 @@ def test_demo_counts_a_failure_with_an_empty_message(tmp_path, monkeypatch, caps
     monkeypatch.setattr(checkpoint, "load", lambda path: None)
     monkeypatch.setattr(demo, "shipped_checkpoints", lambda root=None: [])
     monkeypatch.setattr(probe_spec, "shipped_spec", no_spec)
+    judged = []  # the verdicts: skipped with --quick, else their JSON go to the report with the rest
+    monkeypatch.setattr(demo, "write_verdicts", lambda recs: judged.append(recs) or [tmp_path / "x.verdict.json"])
     (tmp_path / "rep").mkdir()  # an empty --out (a new one is the demo's own business, tested elsewhere)
     failed = demo.run_demo(demo.DemoConfig(out=tmp_path / "rep", quick=True, families=("sarsa",)))
     assert failed == 1
-    assert [p.name for p in seen["inputs"]] == ["theta_star-sarsa"]
+    assert [p.name for p in seen["inputs"]] == ["theta_star-sarsa"] and judged == []
     text = capsys.readouterr().out
-    assert "1 failed" in text and "failed: " in text
+    assert "1 failed" in text and "failed: " in text and "algorithm verdicts: skipped with --quick" in text
+    (tmp_path / "rep2").mkdir()
+    demo.run_demo(demo.DemoConfig(out=tmp_path / "rep2", quick=False, families=("sarsa",)))
+    assert judged == [[]] and [p.name for p in seen["inputs"]] == ["theta_star-sarsa", "x.verdict.json"]
 
     from icrl_interp.commands import demo as demo_command
 

@@ -1,4 +1,4 @@
-"""Causal JSON files (`icrl-interp causal --json`, schema icrl_interp.causal/1) as report inputs: a row of
+"""Causal JSON files (`icrl-interp causal --json`, schema icrl_interp.causal/2) as report inputs: a row of
 kind 'causal' whose numbers are the JSON's, its figure in the manifest and a "Causal tests" section in the
 page; a foreign .json named on the command line is a failed row, one found while scanning a directory is
 ignored; a foreign model's recording and its causal JSON leave no section unexplained."""
@@ -125,7 +125,7 @@ def test_a_scanned_directory_ignores_foreign_json(theta):
     shutil.copy(path, scan / "sub" / "copy.json")
     (scan / "random.json").write_text(json.dumps({"schema": "something/1", "causal": {}}))
     (scan / "list.json").write_text("[]")
-    (scan / "notes.txt").write_text("icrl_interp.causal/1")
+    (scan / "notes.txt").write_text("icrl_interp.causal/2")
     found = inputs.discover([scan], causal=True)
     assert [(f.kind, f.path.name) for f in found] == [("causal", "copy.json")]
     assert [f.kind for f in inputs.discover([scan])] == ["missing"]  # `analyze` takes no causal JSON

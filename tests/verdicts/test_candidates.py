@@ -175,10 +175,11 @@ def test_fit_recovers_the_step_size_and_the_step():
     target = C.td_lambda(tr, alpha, 5).outputs[:, 3]
     (f,) = C.fit(C.CANDIDATES["td0"], tr, target[None], 5)
     assert f.step == 3 and f.hyper["alpha"] == alpha and f.sse < 1e-20  # alpha: the grid's own value, a copy
+    assert f.hyper["gamma"] == tr.gamma  # exact: the task's gamma is on the gamma' grid
     (g,) = C.fit(C.CANDIDATES["mc_regression"], tr, target[None], 5)
     assert g.sse > 1e-6 * g.sst  # another algorithm cannot match it exactly
     (h,) = C.fit(C.CANDIDATES["lstd"], tr, target[None], 5)
-    assert h.step is None and h.hyper == {}
+    assert h.step is None and set(h.hyper) == {"gamma"}  # LSTD fits only its discount
 
 
 def test_applicability_says_why():

@@ -103,11 +103,13 @@ def test_fit_picks_the_least_error_and_the_first_of_ties():
     t = tr()
     target = C.td_lambda(t, 1.0, 2).outputs[None]  # [1, B, K + 1, k]: every step a target
     fits = C.fit(C.CANDIDATES["td0"], t, target[:, :, 2], 3)
-    assert fits[0].hyper == {"alpha": 1.0} and fits[0].step == 2 and fits[0].sse == pytest.approx(0.0, abs=1e-28)
+    assert fits[0].hyper == {"alpha": 1.0, "gamma": 0.5} and fits[0].step == 2
+    assert fits[0].sse == pytest.approx(0.0, abs=1e-28)
     zero = C.fit(C.CANDIDATES["td0"], t, np.zeros((1, 1, 1)), 2)[0]  # alpha 0 and step 0 both give 0
-    assert zero.hyper == {"alpha": 0.0} and zero.step == 0 and zero.sse == 0.0
+    assert zero.hyper == {"gamma": 0.0, "alpha": 0.0} and zero.step == 0 and zero.sse == 0.0  # the first gamma'
+    assert zero.ties == {"gamma": [0.0, 0.9]}  # alpha 0 fits every gamma' exactly: the interval says so
     closed = C.fit(C.CANDIDATES["lstd"], t, np.zeros((1, 1, 1)), 2)[0]
-    assert closed.step is None and closed.hyper == {}
+    assert closed.step is None and list(closed.hyper) == ["gamma"]
 
 
 def test_fit_records_sst_and_train_r2():

@@ -99,8 +99,12 @@ def test_decide_best_runner_up_and_margin():
     assert out["best_r2"] == 0.9 and out["margin"] == pytest.approx(0.2, abs=4 * EPS)
     assert out["best_r2_ci"] == [0.9, 0.9]
     np.testing.assert_allclose(out["margin_ci"], VD.interval(FLAT - _spread(0.0, 1.0)), rtol=0, atol=0)
-    tie = decide([0.8, 0.8], _boot(FLAT, FLAT))
-    assert tie["best"] == "a" and tie["runner_up"] == "b" and tie["margin"] == 0.0  # stable: the first wins
+    tie = decide([0.8, 0.8, 0.7], _boot(FLAT, FLAT, FLAT - 0.1), names=("a", "b", "c"))
+    # b scores as a on every resample: the same predictions, an equivalent, not a runner-up (stable: a first)
+    assert tie["best"] == "a" and tie["equivalent"] == ["b"] and tie["runner_up"] == "c"
+    assert tie["margin"] == pytest.approx(0.1, abs=4 * EPS)
+    near = decide([0.8, 0.8], _boot(FLAT, FLAT + 1e-12))  # equal points, different resamples: a runner-up
+    assert near["equivalent"] == [] and near["runner_up"] == "b" and near["margin"] == 0.0
     one = VD.decide(["a"], np.array([0.9]), _boot(FLAT), np.nan, np.zeros(1001), 0.5)
     assert one["runner_up"] is None and one["margin"] is None and one["margin_ci"] is None
     assert one["fits"] and not one["clear"] and one["text"] == "a"
@@ -140,12 +144,13 @@ def test_clear_needs_the_margin_interval_lower_bound_above_zero():
     straddle = decide([0.95, 0.9], _boot(best, _spread(0.85, 1.05)))
     assert straddle["margin_ci"][0] < 0 < straddle["margin_ci"][1]
     assert straddle["fits"] and not straddle["clear"]
-    assert straddle["text"].startswith("a, not separated from b (margin 0.05, interval [")
+    assert straddle["text"].startswith("a, not separated from b (margin 0.05, adjusted interval [")
     assert "includes 0" in straddle["text"]
     zero = decide([0.95, 0.9], _boot(best, best))  # margin interval [0, 0]
     assert zero["margin_ci"] == [0.0, 0.0] and not zero["clear"]
     above = decide([0.95, 0.9], _boot(best, FLAT - 1e-9))
     assert above["clear"] and above["text"] == "a (margin over b: 0.05, interval above 0)"
+    assert above["checks"]["runner_up"]["ci_adjusted"] == pytest.approx([0.05 + 1e-9] * 2, abs=4 * EPS)
     # a clear margin on a candidate that does not fit is not clear
     low = decide([0.45, 0.1], _boot(FLAT - 0.45, FLAT - 0.8))
     assert not low["fits"] and not low["clear"] and low["text"].startswith("none fits")
@@ -177,8 +182,11 @@ def test_behaviour_r2_and_bootstrap_by_hand():
     z = g.standard_normal((B, 4, 3))
     cands = [C.CANDIDATES["lstd"], C.CANDIDATES["td0"]]
     K, seed, R = 3, 7, 200
-    keys, fits, r2, boot, n_tasks = VD.behaviour(tr, cands, {0: y, "output": 2 * y}, z, task, test, K, seed, R)
-    assert keys == [0, "output"] and n_tasks == 8 and r2.shape == (2, 3) and boot.shape == (R, 2, 3)
+    keys, fits, r2, boot, n_tasks, decoys, sums = VD.behaviour(tr, cands, {0: y, "output": 2 * y}, z, task, test, K,
+                                                               seed, R)
+    nd = len(decoys)
+    assert keys == [0, "output"] and n_tasks == 8 and r2.shape == (2, 3 + nd) and boot.shape == (R, 2, 3 + nd)
+    assert decoys == list(VD.D.NAMES) and sums.shape == (8, 2 * (4 + nd))
     tt = np.unique(task[test])
     W = np.concatenate(list(td_probe.resampled_sums(np.eye(tt.size), seed, R)))  # [R, tasks] draw counts
     tr_train, tr_test = tr.take(~test), tr.take(test)
@@ -187,8 +195,9 @@ def test_behaviour_r2_and_bootstrap_by_hand():
         fit = C.fit(cands[1], tr_train, Y[None, ~test], K)[0]
         assert fits["td0"][li].hyper == fit.hyper and fits["td0"][li].step == fit.step
         assert fits["lstd"][li].step is None
-        pred = {"lstd": C.lstd(tr_test, {}, K).outputs[:, 0],
-                "td0": C.td_lambda(tr_test, fit.hyper["alpha"], fit.step).outputs[:, -1]}
+        assert fits["lstd"][li].hyper == C.fit(cands[0], tr_train, Y[None, ~test], K)[0].hyper
+        pred = {"lstd": C.lstd(tr_test.with_gamma(fits["lstd"][li].hyper["gamma"]), {}, K).outputs[:, 0],
+                "td0": C.td_lambda(tr_test.with_gamma(fit.hyper["gamma"]), fit.hyper["alpha"], fit.step).outputs[:, -1]}
         S = np.concatenate([z[:, :-1].mean(1), z[:, -1]], -1)
         ridge = Ridge(S.shape[1], 1)
         ridge.update(S[~test], Y[~test])
@@ -216,8 +225,8 @@ def test_behaviour_measures_the_update_from_the_starting_output():
     task = np.arange(30)
     test = task % 3 == 0
     z = g.standard_normal((30, 3, 2))
-    keys, fits, r2, boot, _ = VD.behaviour(tr, [C.CANDIDATES["td0"]], {0: y}, z, task, test, 3, 0, 50)
-    assert fits["td0"][0].hyper["alpha"] == 1.0 and fits["td0"][0].step == 2
+    keys, fits, r2, boot, *_ = VD.behaviour(tr, [C.CANDIDATES["td0"]], {0: y}, z, task, test, 3, 0, 50)
+    assert fits["td0"][0].hyper["alpha"] == 1.0 and fits["td0"][0].step == 2 and fits["td0"][0].hyper["gamma"] == 0.8
     assert r2[0, 1] == pytest.approx(1.0, abs=1e-12)
     Y = y - y0
     S = np.concatenate([z[:, :-1].mean(1), z[:, -1]], -1)
@@ -249,7 +258,7 @@ def _data(tasks=60, layers=1, seed=0):
 
 
 @pytest.mark.parametrize("layers, K", [(1, 4), (3, 8)])
-def test_default_step_budget_is_two_per_layer_plus_two_at_least_four(layers, K):
+def test_default_step_budget_is_two_per_layer_plus_two_at_first(layers, K):
     v = VD.run(_data(layers=layers), candidates=["td0", "lstd"], resamples=20)
     assert v["settings"]["max_steps"] == K
     assert v["output"]["layer"] == "output" and [s["layer"] for s in v["layers"]] == list(range(layers))
@@ -276,9 +285,13 @@ def test_defaults_of_the_api_and_the_command():
 
 
 def test_run_verdict_names_a_best_only_when_it_fits():
-    data = _data(tasks=60)
+    data = _data(tasks=60, layers=2)
     v = VD.run(data, candidates=["td0", "mc_regression"], resamples=50, steps=3)
-    assert v["verdict"]["fits"] and v["verdict"]["best"] == "td0"
+    assert v["verdict"]["fits"] and v["verdict"]["best"] == "td0" and v["verdict"]["label"] == "td0"
+    one = VD.run(_data(tasks=60), candidates=["td0", "mc_regression"], resamples=50, steps=3)
+    # one TD step from w_0 = 0 reads only rewards: every gamma' fits it exactly, so it is reward regression
+    assert one["verdict"]["best"] == "reward_regression" and one["verdict"]["candidate"] == "td0"
+    assert one["verdict"]["params"]["gamma"]["ci"] == [0.0, 0.9]
     none = VD.run(data, candidates=["td0", "mc_regression"], resamples=50, steps=3, min_r2=1.5)
     assert not none["verdict"]["fits"] and none["verdict"]["best"] is None
     assert none["output"]["verdict"]["best"] == "td0"  # the layer entry still ranks them

@@ -172,13 +172,15 @@ def _values_and_grads(model, z: Array, S: int, d: int) -> tuple[Array, Array]:
 
 
 def evaluate_tasks(model, gamma: float, context, phi_states: Array, mu: Array, task_ids: Array,
-                   v_true: Array | None = None, alpha: float | None = None) -> dict:
+                   v_true: Array | None = None, alpha: float | None = None, per_task: bool = False) -> dict:
     """Wang et al.'s VD / SS / IWS of `model` on given tasks, by `analyzers.td_step`'s definition (the one
     `icrl-interp analyze` uses): batch TD with as many steps as the model has layers, at the step fitted on
     the calibration half of the tasks (by task id) or `alpha`; metrics on the other half.
 
     context = (phi, phi_next, rewards) [tasks, n(, d)] of each task's prompt; every state's features are put
-    in the query of a copy of it (v_tf and its query gradient by autograd, not assuming linearity)."""
+    in the query of a copy of it (v_tf and its query gradient by autograd, not assuming linearity). With
+    `per_task`, also `per_task`: {task_id, VD, SS, IWS} arrays over the scored tasks (one prompt each), for
+    intervals over tasks."""
     phi, phi_next, rewards = (np.asarray(a, dtype=np.float64) for a in context)
     (B, S, d), L = phi_states.shape, model.config.n_layers
     rep = lambda a: np.repeat(a, S, axis=0)  # noqa: E731  one prompt per (task, query state)
@@ -187,8 +189,10 @@ def evaluate_tasks(model, gamma: float, context, phi_states: Array, mu: Array, t
     coef = td_step.td_weight_polynomial(phi, gamma * phi_next, rewards, L)
     ev = td_step.WangEvaluation(L, alpha)
     ev.update(task_ids, v_tf, g_tf, coef, phi_states, mu)
-    res, _ = ev.result()
+    res, per_prompt = ev.result()
     out = {"alpha_fit": res["alpha"], **{k: res[k] for k in ("alpha_source", "VD", "SS", "IWS", "n_tasks")}}
+    if per_task:
+        out["per_task"] = per_prompt
     if v_true is not None:
         keep = np.ones(B, dtype=bool) if alpha is not None else ~td_step.calibration_tasks(task_ids)
         v_td = np.einsum("bsd,bd->bs", phi_states, td_step.weights_at(coef, res["alpha"]))

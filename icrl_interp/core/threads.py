@@ -1,0 +1,78 @@
+"""Thread discipline: BLAS, OpenMP and torch intra-op threads at most the cores this process may use.
+
+numpy's OpenBLAS and torch each start one thread per core of the machine, whatever the process may
+use: a process pinned to one core (`taskset`, a cgroup's cpuset, a Slurm job) or sharing the machine
+with other jobs then runs two threads on that core, and on the project's loaded 2-core machine one
+analysis used 7-11x more CPU than with one BLAS thread (docs/benchmarks.md). `limited()` caps every
+thread pool for the duration of a block at
+
+* `ICRL_INTERP_THREADS` (an integer >= 1), when set: the count, exactly (also above the cores, e.g.
+  to measure oversubscription);
+* else the cores in the process's CPU affinity (`os.sched_getaffinity`; `os.cpu_count()` where the
+  platform has no affinity), never more, and never more than a pool already had: a limit the user
+  set (`OPENBLAS_NUM_THREADS=1`, `torch.set_num_threads(1)`) stays.
+
+The analyzers' entry points (`analyze.analyze`, `analyze.analyze_model`) run inside it, and the
+previous limits are restored afterwards. The pools are found by threadpoolctl (every BLAS and OpenMP
+library loaded in the process); torch's intra-op pool is set through torch, and only if torch is
+imported already: capping threads never imports it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+
+from .errors import UserError
+
+ENV = "ICRL_INTERP_THREADS"
+"""Environment variable that sets the thread count of every pool, overriding the affinity."""
+
+
+def allowed_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity on this platform (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
+def override() -> int | None:
+    """`ICRL_INTERP_THREADS` as a positive integer; None when unset or empty."""
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise UserError(f"{ENV} must be a positive integer (threads per pool), got {raw!r}")
+    return n
+
+
+def target(current: int) -> int:
+    """The thread count for a pool that has `current` threads now."""
+    forced = override()
+    return forced if forced is not None else max(1, min(current, allowed_cores()))
+
+
+@contextmanager
+def limited():
+    """Every BLAS / OpenMP pool and torch's intra-op pool capped (`target`) inside the block, restored after."""
+    from threadpoolctl import ThreadpoolController
+
+    pools = [(lib, lib.num_threads) for lib in ThreadpoolController().lib_controllers]
+    torch = sys.modules.get("torch")
+    torch_before = torch.get_num_threads() if torch is not None else None
+    try:
+        for lib, before in pools:
+            lib.set_num_threads(target(before))
+        if torch is not None:
+            torch.set_num_threads(target(torch_before))
+        yield
+    finally:
+        for lib, before in pools:
+            lib.set_num_threads(before)
+        if torch is not None:
+            torch.set_num_threads(torch_before)

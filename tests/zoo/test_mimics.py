@@ -1,0 +1,187 @@
+"""The trained zoo entries (icrl_interp/zoo/mimics.py, training.py): shipped files reproduce their recorded fit,
+training with an intermediate target moves that layer's readout, corrupt files are refused."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from icrl_interp.core.errors import UserError
+from icrl_interp.core.resources import zoo_dir
+from icrl_interp.tasks import reference
+from icrl_interp.zoo import mimics, registry, training
+
+SHIPPED = mimics.shipped(0)
+R2_TOL = 1e-4
+"""Recomputed held-out R^2 against the recorded one: same weights, tasks and code; float32 forward passes
+may round differently on another BLAS (relative ~1e-6 on outputs, so ~1e-5 on 1 - R^2)."""
+
+
+def test_shipped_entries_are_the_known_answers():
+    """Seed 0 ships both architectures, one with an intermediate target; exactly the shipped mimics that learned
+    their teacher (held-out R^2 >= MIN_R2) are zoo entries."""
+    assert set(SHIPPED) <= set(mimics.SPECS)
+    specs = [mimics.SPECS[n] for n in SHIPPED]
+    assert {s.architecture for s in specs} == {mimics.PLAIN, mimics.OWN}
+    assert any(s.intermediate is not None for s in specs)
+    fits = {n: json.loads((zoo_dir() / mimics.folder_name(n, 0) / mimics.META).read_text())["fit"]["held_out_r2"]
+            for n in SHIPPED}
+    assert {e.name for e in mimics.entries(0)} == {n for n in SHIPPED if fits[n] >= mimics.MIN_R2}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_reproduces_its_recorded_fit(name):
+    model, aux, meta = mimics.load(name, 0)
+    result = training.fit(model, aux, mimics.SPECS[name], 0, meta["fit"]["held_out_tasks"])
+    assert result["held_out_r2"] == pytest.approx(meta["fit"]["held_out_r2"], abs=R2_TOL)
+    if mimics.SPECS[name].intermediate is not None:
+        assert result["intermediate_r2"] == pytest.approx(meta["fit"]["intermediate_r2"], abs=R2_TOL)
+    assert meta["truth"] == json.loads(json.dumps(dataclasses.asdict(mimics.SPECS[name].truth)))
+    assert not model.training  # loaded for judging: eval mode
+
+
+def _batch(tasks=64, seed=5):
+    return mimics.task_config().sample(tasks, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("gamma", [0.9, 0.5, 0.0])
+def test_td0_targets_match_the_float64_reference(gamma):
+    """The output and intermediate targets of a td0 teacher spec are batch TD(0) with the spec's gamma' (the
+    package's float64 reference, independent of the zoo's teachers): 3 steps at the output, the TD errors at the
+    parameters after layer 1 (two steps) at the context columns."""
+    spec = mimics.SPECS["mimic_plain_td0_layer1"]
+    teacher = {**spec.teacher, "gamma": gamma}
+    batch = _batch()
+    z, lay = batch.prompt.z, batch.prompt.layout
+    phi, r, phi_q = z[:, :-1, lay.slice("phi")], z[:, :-1, lay.slice("reward")][..., 0], z[:, -1, lay.slice("phi")]
+    phi_next = z[:, :-1, lay.slice("gamma_phi_next")] / mimics.GAMMA  # the prompt holds the task's gamma phi'
+    ref = reference.batch_td(phi, phi_next, r, phi_q, gamma, 1.0, 3)
+    # float64 throughout: agreement to rounding of O(1) sums over n = 30 columns
+    np.testing.assert_allclose(training.target(teacher)(batch), ref.query_values[:, -1:], rtol=0, atol=1e-12)
+    inter = training.intermediate_target(teacher, spec.intermediate)(batch)
+    np.testing.assert_allclose(inter, ref.td_errors[:, 2], rtol=0, atol=1e-12)
+
+
+def test_decoy_targets():
+    batch = _batch()
+    reward = training.target({"task_data": "query_reward"})(batch)
+    q = batch.prompt.states[:, -1]
+    assert np.array_equal(reward[:, 0], batch.tasks["r"][np.arange(len(q)), q])  # a copy: exact
+    last = training.target({"decoy": "LastReward"})(batch)
+    assert np.array_equal(last[:, 0], batch.prompt.z[:, -2, -1])  # the last context column's reward row: exact
+
+
+def _short(spec, **kw):
+    """A few steps of `spec` on small batches (one pool of tasks)."""
+    return dataclasses.replace(spec, steps=40, batch=32, **kw)
+
+
+def test_intermediate_target_moves_that_layers_readout():
+    """With the auxiliary loss the readout of layer 1 learns the teacher's TD errors there; with its weight at 0
+    (the mutant that drops the loss) it stays at its random init."""
+    spec = mimics.SPECS["mimic_lin_td0_layer1"]
+    fits = {}
+    for weight in (1.0, 0.0):
+        s = _short(spec, intermediate=mimics.Intermediate(spec.intermediate.layer, weight))
+        model, aux, _ = training.train(s, seed=0, log=None)
+        fits[weight] = training.fit(model, aux, s, 0, tasks=256)["intermediate_r2"]
+    assert fits[1.0] > 0.3, fits  # measured 0.41 after 40 steps
+    assert fits[0.0] < 0.0, fits  # an untrained readout explains nothing (measured -0.44)
+
+
+def test_readout_reads_the_target_layer_at_the_context_columns():
+    """training.forward's readout is the aux map of blocks.{layer}.hook_resid_post at the context columns (read
+    here through TransformerLens' own cache), not another layer or position."""
+    spec = mimics.SPECS["mimic_lin_td0_layer1"]
+    model = mimics.build(spec, 0)
+    aux = torch.nn.Linear(model.config.D, 1).to(torch.float32)
+    z = torch.as_tensor(_batch(8).prompt.z, dtype=torch.float32)
+    with torch.no_grad():
+        out, readout = training.forward(model, aux, 1, z)
+        _, cache = model.run_with_cache(z)
+        want = aux(cache["blocks.1.hook_resid_post"][:, :-1]).squeeze(-1)
+    assert torch.equal(readout, want)  # the same ops on the same tensor: exact
+    assert torch.equal(out, model.readout(model(z)))
+    assert not model.blocks[1].hook_resid_post._forward_hooks  # the capture hook was removed
+
+
+@pytest.fixture
+def copy(tmp_path):
+    name = "mimic_lin_td0_layer1"
+    src = zoo_dir() / mimics.folder_name(name, 0)
+    dst = tmp_path / mimics.folder_name(name, 0)
+    shutil.copytree(src, dst)
+    return name, tmp_path, dst
+
+
+def test_copy_loads(copy):
+    name, root, _ = copy
+    model, aux, meta = mimics.load(name, 0, root)
+    assert aux is not None and meta["name"] == name
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
+@pytest.mark.parametrize("file", [mimics.WEIGHTS, mimics.AUX])
+def test_corrupt_file_is_refused(copy, damage, file):
+    name, root, folder = copy
+    path = folder / file
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    elif damage == "flip":  # same size: only the hash can tell
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        path.unlink()
+    with pytest.raises(UserError, match=f"{file}|missing") as e:
+        mimics.load(name, 0, root)
+    assert "\n" not in str(e.value)
+    assert ("is corrupt" in str(e.value)) == (damage != "delete")
+
+
+def test_unreadable_metadata_is_refused(copy):
+    name, root, folder = copy
+    (folder / mimics.META).write_text("{not json")
+    with pytest.raises(UserError, match="not readable JSON"):
+        mimics.load(name, 0, root)
+
+
+def test_weights_not_listed_in_the_metadata_are_refused(copy):
+    name, root, folder = copy
+    meta = json.loads((folder / mimics.META).read_text())
+    del meta["files"][mimics.WEIGHTS]
+    (folder / mimics.META).write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="does not list model.safetensors"):
+        mimics.load(name, 0, root)
+
+
+def test_a_mimic_below_the_fit_threshold_is_no_known_answer(copy):
+    name, root, folder = copy
+    assert [e.name for e in mimics.entries(0, root)] == [name]
+    meta = json.loads((folder / mimics.META).read_text())
+    meta["fit"]["held_out_r2"] = mimics.MIN_R2 - 0.01
+    (folder / mimics.META).write_text(json.dumps(meta))
+    assert mimics.entries(0, root) == []
+
+
+def test_registry_lists_the_trained_entries():
+    """The registry's provider hook: kinds, truth and builders; a plain model carries its roles."""
+    found = {e.name: e for e in registry.entries("full", 0) if e.name in mimics.SPECS}
+    assert set(found) == {e.name for e in mimics.entries(0)}
+    for name, entry in found.items():
+        spec = mimics.SPECS[name]
+        assert entry.truth == spec.truth
+        assert entry.kind == ("decoy" if spec.truth.decoy else "trained")
+    plain = [e for e in found.values() if mimics.SPECS[e.name].architecture == mimics.PLAIN]
+    assert plain and all(e.probe_roles == mimics.PLAIN_ROLES for e in plain)
+    own = found["mimic_lin_td0_layer1"]
+    assert own.probe_roles == registry.ZOO_ROLES
+    model = own.model()
+    z = torch.as_tensor(_batch(4).prompt.z, dtype=torch.float32)
+    with torch.no_grad():  # the logit lens the roles name is the model's own readout: the same ops, exact
+        assert torch.equal(model.unembed(model(z)[:, -1]), model.readout(model(z)))
+    assert mimics.entries(7) == []  # a seed that was not trained and shipped has no trained entries
