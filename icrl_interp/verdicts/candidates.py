@@ -28,7 +28,8 @@ kernel on state labels).
 Step sizes (and the softmax score scale) are hyperparameters, fitted by `fit` on training tasks to a
 target output per layer: a grid search over the step size and the step k, the least squared error wins.
 The bootstrapping candidates (`Candidate.discount`) also fit their discount gamma' on `gamma_grid` (0, the
-task's gamma and a few between): a model may bootstrap with a discount other than the task's, and one with
+task's gamma and a few between; for the linear candidates then `refined_gammas` between the best and its
+grid neighbours): a model may bootstrap with a discount other than the task's, and one with
 gamma' = 0 does not bootstrap at all (it regresses on the immediate reward). `fit` refits on bootstrap
 resamples of the training tasks (rows of `weights`) for intervals on every fitted parameter; the linear
 candidates run the whole step-size grid at once (`Candidate.sweep`).
@@ -67,6 +68,30 @@ GAMMA_GRID = (0.0, 0.25, 0.5, 0.75, 0.9)
 """Discounts gamma' tried by `fit` for the bootstrapping candidates (with the task's own gamma: `gamma_grid`)."""
 TIE_RTOL = 1e-9
 """Relative distance of squared errors within which two grid points fit equally well (`Fit.ties`)."""
+
+
+GAMMA_REFINE = 2
+"""Discounts added on each side of a target's best grid gamma', evenly up to its grid neighbours: the grid's
+gaps are cut in GAMMA_REFINE + 1, so a gamma' between grid values is fitted to within half of that."""
+
+
+def refined_gammas(grid: np.ndarray, best: list[int]) -> np.ndarray:
+    """GAMMA_REFINE discounts on each side of each grid[j], j in `best`, evenly up to its grid neighbours (not
+    grid[j] itself, nor values already on the grid)."""
+    t = np.arange(1, GAMMA_REFINE + 1) / (GAMMA_REFINE + 1)
+    out = []
+    for j in sorted(set(best)):
+        for n in (j - 1, j + 1):
+            if 0 <= n < grid.size:
+                out.append(grid[j] + t * (grid[n] - grid[j]))
+    fine = np.unique(np.concatenate(out)) if out else np.zeros(0)
+    return fine[~np.isin(fine, grid)]
+
+
+def gamma_spacing(task_gamma: float) -> float:
+    """Half the widest gap between neighbouring discounts tried near a fit (`refined_gammas`): how far a fitted
+    gamma' may lie from the true one when the refits all agree."""
+    return float(np.diff(gamma_grid(task_gamma)).max() / (GAMMA_REFINE + 1) / 2)
 
 
 def gamma_grid(task_gamma: float) -> np.ndarray:
@@ -495,6 +520,9 @@ class Fit:
     every gamma' after one TD step from w_0 = 0, where every TD error is the reward."""
     resolution: float | None = None
     """Ratio of neighbouring step sizes tried near the fit (refined ones): the alpha interval reaches this far."""
+    gamma_spacing: float | None = None
+    """Half the spacing of the discounts tried near the fit (`gamma_spacing`): the gamma' interval reaches this
+    far (0 < gamma' = 0 stays 0: the interval is clipped to [0, 1])."""
 
     def interval(self, name: str):
         """[low, high] of a fitted parameter: the 2.5 % and 97.5 % grid values over the refits (the nearest
@@ -506,6 +534,8 @@ class Fit:
         if ci is None:
             return None
         lo, hi = ci
+        if name == "gamma" and self.gamma_spacing:  # the discounts tried are this far apart
+            lo, hi = max(0.0, lo - self.gamma_spacing), min(1.0, hi + self.gamma_spacing)
         if name in self.ties:
             lo, hi = min(lo, self.ties[name][0]), max(hi, self.ties[name][1])
         lo, hi = min(lo, float(point)), max(hi, float(point))
@@ -584,12 +614,20 @@ def _runs(c: Candidate, tr: Transitions, K: int, targets: np.ndarray):
     if c.sweep:
         alphas = c.grid["alpha"]
         tried = []  # per gamma': [outer, step sizes tried, sse [A, L, K+1]]
-        for lo in range(0, len(points), alphas.size):
-            outer = {k: v for k, v in points[lo].items() if k != "alpha"}
+
+        def sweep(outer: dict):
             with np.errstate(all="ignore"):
                 out = run(c, tr, {**outer, "alpha": alphas}, K).outputs
-            yield points[lo: lo + alphas.size], out, False
             tried.append([outer, alphas, _sse(out, targets)])
+            return [{**outer, "alpha": float(a)} for a in alphas], out, False
+
+        for lo in range(0, len(points), alphas.size):
+            yield sweep({k: v for k, v in points[lo].items() if k != "alpha"})
+        if c.discount and tried and "gamma" in tried[0][0]:  # gamma' between the grid's values near each best
+            grid = np.array([t[0]["gamma"] for t in tried])
+            best = [int(j) for j in np.argmin(np.stack([t[2].min((0, 2)) for t in tried]), 0)]  # [L]
+            for g in refined_gammas(grid, best):
+                yield sweep({**tried[0][0], "gamma": float(g)})
         least = np.min([t[2].min((0, 2)) for t in tried], 0)  # [L]: the least error over every gamma'
         for t in tried:
             outer, _, sse = t
@@ -602,7 +640,9 @@ def _runs(c: Candidate, tr: Transitions, K: int, targets: np.ndarray):
                 t[1:] = [np.r_[alphas, fine], np.concatenate([sse, _sse(out, targets)])]
         least = np.min([t[2].min((0, 2)) for t in tried], 0)
         for outer, a_all, sse in tried:
-            near = sse.min((0, 2)) <= least * (1 + TIE_RTOL)  # [L]: the best gamma' of these targets, or tied
+            # [L]: every gamma' within REFINE_WITHIN of the best before polishing: a grid alpha may favour a
+            # neighbouring gamma' and k that the polished alpha at the true gamma' beats
+            near = sse.min((0, 2)) <= REFINE_WITHIN * least
             best, kbest = np.argmin(sse, 0), np.argmin(sse.min(0), -1)  # [L, K+1], [L]
             start = [(a_all[best[l, k]], l, k) for l in np.nonzero(near)[0]
                      for k in range(max(1, kbest[l] - 2), min(K, kbest[l] + 2) + 1)
@@ -667,5 +707,6 @@ def fit(c: Candidate, tr: Transitions, targets: np.ndarray, K: int, weights: np.
         tied = [g for g, e in gamma_best.items() if e[l] <= best[l, 0] + tol]
         fits.append(Fit(dict(points[p]), None if closed else int(k), float(best[l, 0]), float(sst[l]), samples,
                         best[l, 1:].copy() if W.shape[0] > 1 else None,
-                        {"gamma": [min(tied), max(tied)]} if len(tied) > 1 else {}, RESOLUTION if c.sweep else None))
+                        {"gamma": [min(tied), max(tied)]} if len(tied) > 1 else {}, RESOLUTION if c.sweep else None,
+                        gamma_spacing(tr.gamma) if c.discount and "gamma" in points[p] else None))
     return fits

@@ -57,11 +57,31 @@ def test_a_td0_teacher_with_discount_half_gets_gamma_half_not_the_tasks():
     gamma 0.9 cannot match, and the label and interval say 0.9."""
     v = _judge(lambda tr, l: _teacher(tr, 0.5, 0.5, 3), steps=4)["verdict"]
     assert v["best"] == "td0" and v["fits"]
-    assert v["params"]["gamma"] == {"value": 0.5, "ci": [0.5, 0.5]}  # exact: a grid value, every refit agrees
+    half = C.gamma_spacing(0.9)  # every refit agrees on the grid value 0.5; the interval reaches half a spacing
+    assert v["params"]["gamma"]["value"] == 0.5  # exact: a grid value
+    np.testing.assert_allclose(v["params"]["gamma"]["ci"], [0.5 - half, 0.5 + half], rtol=0, atol=64 * EPS)
     assert v["params"]["step"]["value"] == 3 and v["params"]["lambda"]["value"] == 0.0
     lo, hi = v["params"]["alpha"]["ci"]
     assert lo <= 0.5 <= hi and hi / lo < 1.05  # 0.5 is between grid points: the interval holds it, narrowly
-    assert v["label"] == "td0" and v["text"].startswith("td0 with discount 0.5 [0.5, 0.5] (the task's: 0.9)")
+    assert v["label"] == "td0" and v["text"].startswith("td0 with discount 0.5 [0.458333, 0.541667] (the task's: 0.9)")
+
+
+def test_a_discount_between_the_grid_values_is_fitted_between_them_and_covered():
+    """Mutants: no `refined_gammas` (gamma' 0.7 fitted as the grid's 0.75, with an interval that misses 0.7), the
+    interval not widened by `gamma_spacing`, refinement on the wrong side of the best grid value."""
+    v = _judge(lambda tr, l: _teacher(tr, 0.5, 0.7, 3), steps=4)["verdict"]
+    assert v["best"] == "td0" and v["fits"]
+    g = v["params"]["gamma"]
+    assert abs(g["value"] - 0.7) <= C.gamma_spacing(0.9) and g["value"] not in C.gamma_grid(0.9)
+    assert g["ci"][0] <= 0.7 <= g["ci"][1] and g["ci"][1] - g["ci"][0] < 0.25  # covered, narrower than a grid gap
+
+
+def test_refined_gammas_cut_each_gap_next_to_the_best_evenly():
+    """Mutants: the neighbours' gaps not cut evenly, the best value itself repeated, a far gap refined."""
+    grid = C.gamma_grid(0.9)  # 0, 0.25, 0.5, 0.75, 0.9
+    np.testing.assert_allclose(C.refined_gammas(grid, [2]), [1 / 3, 5 / 12, 7 / 12, 2 / 3], rtol=0, atol=4 * EPS)
+    np.testing.assert_allclose(C.refined_gammas(grid, [0]), [1 / 12, 1 / 6], rtol=0, atol=4 * EPS)
+    assert C.gamma_spacing(0.9) == pytest.approx(0.25 / 3 / 2, abs=4 * EPS)
 
 
 def test_an_immediate_reward_teacher_is_reward_regression_never_td():
