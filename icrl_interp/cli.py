@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "causal": ("icrl_interp.commands.causal", "erase / steer the TD-error direction at a layer against random directions: its causal effect on the output"),
     "verdict": ("icrl_interp.commands.verdict", "which candidate RL algorithm (TD(0), TD(lambda), Monte Carlo, LSTD, SARSA, Q-learning, ...) a model runs: behaviour, probes, causal erasure per layer"),
     "zoo": ("icrl_interp.commands.zoo", "models with known answers (exact teachers, trained mimics, decoys) judged by the verdict and the causal test: zoo.json + confusion matrix"),
+    "collect": ("icrl_interp.commands.collect", "learning histories of a source agent (random, Q-learning, SARSA, ...) in a Gymnasium environment, as an episodes file"),
 }
 
 

@@ -35,3 +35,14 @@ def seed_everything():
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def no_figures(monkeypatch):
+    """`build_report` (and the `report` command) without drawing: matplotlib is most of a small report's time.
+    For tests of what a report (or a sweep's report) analyzes, caches and exits with, none of which reads a
+    figure; the figures themselves are tested on tests/report/conftest.py's `built` (test_report_figures.py,
+    test_report_html.py), by the control, causal and verdict report tests and by train/test_sweep_kills.py."""
+    from icrl_interp.report import figures
+
+    monkeypatch.setattr(figures, "make_figures", lambda results, report_dir, **options: [])

@@ -46,3 +46,10 @@ def test_one_thread_children_get_the_limits_and_default_children_do_not(monkeypa
 def test_help_parses(flag):
     out = subprocess.run([sys.executable, str(SCRIPT), flag], capture_output=True, text=True)
     assert out.returncode == 0 and "--repeats" in out.stdout
+
+
+def test_the_episodes_benchmark_parses_as_documented():
+    """docs/benchmarks.md shows `python benchmarks/bench_episodes.py --histories 1000 --steps 500 --repeats 3`."""
+    script = SCRIPT.parent / "bench_episodes.py"
+    out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--histories" in out.stdout and "--steps" in out.stdout

@@ -5,6 +5,8 @@
 * every dependency of the `test` extra is used by the tests (imported under tests/, named in pytest's
   addopts, or the build backend the packaging test builds with) and never imported by the package;
   every third-party module the tests import comes from a core or test dependency;
+* the `episodes` extra (Gymnasium, Minari, scipy) is what the package's episode code imports lazily, beyond the
+  core; the `test` extra carries every one of its dependencies, so `make test` installs them;
 * TransformerLens is optional (the `tl` extra, and in the `test` extra): the package's own models carry TL's
   hook API (icrl_interp/models/hooks.py), so the package imports it nowhere; its range admits only releases
   with `HookedTransformer` (3.x; 4.x removed it), the class the documented TransformerLens route
@@ -43,9 +45,10 @@ def _requirements(texts: list[str]) -> dict[str, Requirement]:
 
 CORE = _requirements(PYPROJECT["project"]["dependencies"])
 TEST = _requirements(PYPROJECT["project"]["optional-dependencies"]["test"])
+EPISODES = _requirements(PYPROJECT["project"]["optional-dependencies"]["episodes"])
 PROVIDERS = {top: {_norm(d) for d in dists} for top, dists in packages_distributions().items()}
 LOCAL = {p.stem for root in LOCAL_ROOTS for p in (REPO / root).rglob("*.py")} | {
-    p.name for root in LOCAL_ROOTS for p in (REPO / root).rglob("*") if p.is_dir()}
+    p.name for root in LOCAL_ROOTS for p in (REPO / root).rglob("*") if p.is_dir()} | set(LOCAL_ROOTS)
 
 
 def _imported(root: str) -> dict[str, str]:
@@ -91,15 +94,21 @@ def test_every_core_dependency_is_imported_by_the_package(dist):
 
 
 def test_every_module_the_package_imports_comes_from_a_core_dependency():
-    missing = {m: f for m, f in PACKAGE.items() if not _providers(m) & set(CORE)}
-    assert not missing, f"imported by the package but not a core dependency: {missing}"
+    missing = {m: f for m, f in PACKAGE.items() if not _providers(m) & (set(CORE) | set(EPISODES))}
+    assert not missing, f"imported by the package but not a core dependency (nor of the episodes extra): {missing}"
+
+
+@pytest.mark.parametrize("dist", sorted(EPISODES))
+def test_the_episodes_extra_is_used_by_the_package_and_installed_by_make_test(dist):
+    assert dist in TEST, f"{dist} is in the episodes extra but not in the test extra: make test would not install it"
+    assert _modules_of(dist) & set(PACKAGE), f"{dist} is in the episodes extra but icrl_interp/ never imports it"
 
 
 @pytest.mark.parametrize("dist", sorted(TEST))
 def test_every_test_dependency_is_used_by_the_tests_only(dist):
     modules = _modules_of(dist)
     in_package = modules & set(PACKAGE)
-    assert not in_package, (f"{dist} is in the test extra but the package imports {sorted(in_package)} "
+    assert not in_package or dist in EPISODES, (f"{dist} is in the test extra but the package imports {sorted(in_package)} "
                             f"({PACKAGE[next(iter(in_package))]}): declare it as a core dependency")
     addopts = PYPROJECT["tool"]["pytest"]["ini_options"]["addopts"]
     backend = _requirements(PYPROJECT["build-system"]["requires"])

@@ -32,8 +32,11 @@ CAUSAL_MAX_BYTES = 64 << 20
 """A .json file above this size found while scanning a directory is not read (a causal JSON is a few kB)."""
 VERDICT_SCHEMA = "icrl_interp.verdict/2"
 """Top-level `schema` of a verdict JSON (`verdicts.behaviour.SCHEMA`, written by `icrl-interp verdict --json`)."""
-VERDICT_SCHEMAS = (VERDICT_SCHEMA, "icrl_interp.verdict/1")
-"""The verdict schemas read (version 2 adds fields to version 1: fitted parameters, decoys, OOD checks)."""
+EPISODE_VERDICT_SCHEMA = "icrl_interp.episode_verdict/1"
+"""Top-level `schema` of a behavioural verdict on episodes (`verdicts.behaviour_fit`, `verdict --episodes --json`)."""
+VERDICT_SCHEMAS = (VERDICT_SCHEMA, "icrl_interp.verdict/1", EPISODE_VERDICT_SCHEMA)
+"""The verdict schemas read (version 2 adds fields to version 1: fitted parameters, decoys, OOD checks; the episode
+verdict has candidates and a verdict but no layers: `report.verdict.html_table` shows it as its own table)."""
 SKIP_DIRS = ("cache",)
 """Directory names never searched (the report's analysis cache); hidden directories are skipped too."""
 

@@ -4,8 +4,8 @@ say whether the activations carry more than their input (`td_probe` holds the st
 
 `ProbeSet` is fed the analyzer's chunks (pass 1: fold statistics of every probe and of the input
 baseline, which share their targets by context columns, `ColumnGroup`), then `finish` fits them and
-reads the held-out prompts once more (pass 2) for the per-task sums the bootstrap interval of the
-selectivity resamples. The registered analyzer 'probes' puts, per layer, every probe
+scores the held-out prompts (kept from pass 1, or read once more where they outgrow
+HELD_OUT_CACHE_BYTES) for the per-task sums the bootstrap interval of the selectivity resamples. The registered analyzer 'probes' puts, per layer, every probe
 (`td_probe`: {hook: probe}) and the headline probe's numbers (`td_probe_r2`, `td_probe_selectivity`,
 ...) of the task family's primary hook (`Hints.primary_probe`).
 """
@@ -244,6 +244,10 @@ def _num(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
+HELD_OUT_CACHE_BYTES = 32 * 2**20
+"""Held-out rows kept from pass 1 for scoring, at most (`ProbeSet`); beyond it they are read again."""
+
+
 class ChunkSplit:
     """Task folds of one chunk of prompts (by task id), which prompts the probes use (`fraction` of
     the tasks, whole tasks, by hash), the targets and each prompt's partner (its row and targets)
@@ -264,11 +268,14 @@ class ProbeSet:
 
     Pass 1 (`update`, fed the analyzer's chunks) accumulates the fold statistics and remembers the
     held-out (test-fold) prompts and their partners' rows: at most test_fraction x the probe tasks'
-    prompts, never the training ones. `finish` fits every probe, then reads the held-out prompts once
-    more (pass 2: only the probes' datasets, only those rows, and the partners' targets) to get
-    per-task residual sums with the fitted coefficients, which sufficient statistics cannot give
-    before the coefficients are known: the bootstrap interval of the selectivity resamples held-out
-    tasks from them.
+    prompts, never the training ones. `finish` fits every probe, then scores the held-out prompts with
+    the fitted coefficients for per-task residual sums, which sufficient statistics cannot give before
+    the coefficients are known: the bootstrap interval of the selectivity resamples held-out tasks from
+    them. Pass 1 keeps the held-out prompts' rows (features, targets, partners' targets) while they fit in
+    HELD_OUT_CACHE_BYTES, so scoring reads nothing again (a live analysis runs no second forward pass);
+    a larger held-out set is read once more instead (pass 2: only the probes' datasets, only those
+    rows, and the partners' targets), so memory stays flat in the number of prompts. Both give the
+    same sums, bit for bit: the same rows in the same order.
     """
 
     def __init__(self, f, N: int, pos: int, n: int, opts):
@@ -285,6 +292,8 @@ class ProbeSet:
         self.test_mates: list[np.ndarray] = []
         self.test_tasks: list[np.ndarray] = []
         self.task_ids = np.zeros(0, dtype=np.int64)
+        self.held: list[tuple] | None = []  # pass 1's copy of the held-out rows; None once over budget
+        self.held_bytes = 0
 
     def add(self, layer: int, hook: str, ds, direction, baseline_ds=None) -> ProbeStream:
         p = ProbeStream(hook, layer, ds, self.pos, self.n, self.opts.folds, direction, len(self.targets.names),
@@ -315,18 +324,54 @@ class ProbeSet:
         split = ChunkSplit(self._task(data, rows), rows, self.targets.gather(data), self.chain, o.seed,
                            o.test_fraction, o.folds, self.fraction)
         held = split.keep & (split.fold == o.folds)
-        if held.any():  # remembered for pass 2: the scored held-out prompts and their partners
+        if held.any():  # remembered for scoring: the held-out prompts and their partners
             self.test_rows.append(rows[held])
             self.test_mates.append(split.mate[held])
             self.test_tasks.append(np.unique(split.task[held]))
+            self._keep_held(data, held, split, chunk.stop)
         for g in self.groups.values():
             g.update(data, split)
         for p in self.probes.values():
             p.update(data, split)
 
+    @property
+    def feature_paths(self) -> list[str]:
+        """What scoring reads besides the targets: the probes' (and baselines') activations, the prompts'
+        own columns for the input baseline."""
+        out = {x for p in self.probes.values() for x in (p.path, p.base_path) if x}
+        out.update(("prompts/z",) if self.d_in is not None else ())
+        return sorted(out)
+
+    def _keep_held(self, data: dict, held: np.ndarray, split: "ChunkSplit", seen: int) -> None:
+        """Copy the chunk's held-out rows for scoring (`finish`) while all of them will fit in
+        HELD_OUT_CACHE_BYTES: the bytes kept per prompt seen so far, times the recording's prompts (the split
+        is a hash of the task ids, so the share held out is the same in every stretch). A recording that will
+        not fit keeps nothing from its first chunk on, so its peak memory does not carry a cache to be dropped."""
+        if self.held is None:
+            return
+        part = {p: np.array(data[p][held]) for p in self.feature_paths}
+        block = (part, split.task[held], split.Y[held], split.Ys[held])
+        self.held_bytes += sum(a.nbytes for a in part.values()) + sum(a.nbytes for a in block[1:])
+        if max(self.held_bytes, self.held_bytes * self.N / max(seen, 1)) > HELD_OUT_CACHE_BYTES:
+            self.held = None  # too many held-out prompts to keep: pass 2 reads them again
+        else:
+            self.held.append(block)
+
+    def _held_blocks(self, rec, rows: int, test: np.ndarray, mates: np.ndarray):
+        """(features, task ids, targets, partners' targets) of the held-out prompts, in row order: pass 1's
+        copy, or (over budget) pass 2 over the recording, by chunks."""
+        if self.held is not None:
+            yield from self.held
+            return
+        for idx, data in read_rows(rec, self.paths, test, rows):
+            # the partners' targets: earlier prompts, mostly within the same stretch of the file
+            u, back = np.unique(mates[np.searchsorted(test, idx)], return_inverse=True)
+            Ys = self.targets.gather(read_at(rec, self.targets.paths, u))[back.ravel()]
+            yield data, self._task(data, idx), self.targets.gather(data), Ys
+
     def finish(self, rec, rows: int) -> None:
-        """Fit every probe, then pass 2 over the scored held-out prompts (their features and targets,
-        and their partners' targets): per-task residual sums of every score."""
+        """Fit every probe, then score the held-out prompts (their features and targets, and their
+        partners' targets): per-task residual sums of every score."""
         test = np.concatenate(self.test_rows) if self.test_rows else np.zeros(0, dtype=np.int64)
         mates = np.concatenate(self.test_mates) if self.test_mates else np.zeros(0, dtype=np.int64)
         ids = np.unique(np.concatenate(self.test_tasks)) if self.test_tasks else np.zeros(0, dtype=np.int64)
@@ -335,13 +380,9 @@ class ProbeSet:
             g.start_scoring(ids.size)
         for p in self.probes.values():
             p.start_scoring(ids.size)
-        for idx, data in read_rows(rec, self.paths, test, rows):
-            # the partners' targets: earlier prompts, mostly within the same stretch of the file
-            u, back = np.unique(mates[np.searchsorted(test, idx)], return_inverse=True)
-            Ys = self.targets.gather(read_at(rec, self.targets.paths, u))[back.ravel()]
-            ok = np.ones(idx.size, dtype=bool)
-            slot = np.searchsorted(ids, self._task(data, idx))
-            Y = self.targets.gather(data)
+        for data, task, Y, Ys in self._held_blocks(rec, rows, test, mates):
+            ok = np.ones(task.size, dtype=bool)
+            slot = np.searchsorted(ids, task)
             for g in self.groups.values():
                 g.score(data, slot, ok, Y, Ys)
             for p in self.probes.values():
@@ -400,7 +441,7 @@ class Probes:
         self.probes.update(chunk)
 
     def finish(self, rec, rows: int) -> None:
-        """Pass 2: the held-out prompts only, for the per-task intervals."""
+        """Score the held-out prompts only (kept from pass 1, or read again), for the per-task intervals."""
         self.probes.finish(rec, rows)
 
     def fields(self, layer: int) -> dict:

@@ -42,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_fields(live, task_options.Prompts)
     add_fields(live, devices.Device)
     task_options.add(p)
+    from .episode_options import EpisodeTargets
+
+    add_fields(p.add_argument_group("episode recordings (`record --episodes`; docs/episodes.md): the probes' targets"),
+               EpisodeTargets)
 
 
 def status_of(row: dict) -> tuple[str, str]:
@@ -152,6 +156,14 @@ def run(args) -> int:
     values["layout"] = read_layout_file(a.layout).to_dict() if a.layout else None
     opts = build(AnalyzeOptions, values)
     check_finite(opts)
+    from ..analyzers.episode_recording import is_episode_recording
+    from .episode_options import target_flags
+
+    if not a.live and any(is_episode_recording(x) for x in args.inputs):
+        return _episode_run(args, a, opts)
+    if flags := target_flags(args):
+        raise UserError(f"{flags[0]} goes with an episode recording (written by `record --episodes`): "
+                        "the candidate whose TD error, Q and V are probed")
     if a.live:
         if a.json is not None:
             output_file(a.json, "--json", inputs=[*args.inputs, *task_options.input_files(args)])
@@ -225,3 +237,65 @@ def _live_rows(args, opts) -> list[dict]:
         rows.append(analyze_model(model, model.checkpoint_config, name=str(path),
                                   checkpoint_sha256=checkpoint.sha256(path), **run_args))
     return rows
+
+
+def _episode_run(args, a: AnalyzeFlags, opts) -> int:
+    """`analyze REC.h5` of an episode recording: the probes of every recorded layer to a candidate's targets."""
+    from ..analyzers.episode_probes import probe_episodes
+    from ..analyzers.episode_recording import open_episode_recording
+    from ..core.errors import UserError
+    from ..core.files import write_json
+    from ..core.outputs import output_file
+    from .episode_options import other_task_flags, targets
+
+    if len(args.inputs) != 1:
+        raise UserError("an episode recording is analyzed alone: give it as the only INPUT")
+    family = [flag for flag, on in (("--workers", a.workers is not None), ("--scheduler", a.scheduler is not None),
+                                    ("--layout", a.layout is not None), ("--family", opts.family is not None),
+                                    ("--model", args.model is not None), ("--weights", args.weights is not None))
+              if on] + other_task_flags(args) + _live_only(args)
+    if family:
+        raise UserError(f"{family[0]} does not go with an episode recording (its histories and layers are the input)")
+    path = args.inputs[0]
+    if a.json is not None:
+        output_file(a.json, "--json", inputs=[path])
+    with open_episode_recording(path) as r:
+        t, info = targets(args, r.episodes, action_probs=r.action_probs(), split_seed=opts.seed,
+                          test_fraction=opts.test_fraction)
+        probes = probe_episodes(r.episodes, r.layers, t, random_layers=r.random_layers, seed=opts.seed,
+                                test_fraction=opts.test_fraction, folds=opts.folds)
+    result = {**probes.json, "source": str(path), "candidate": info}
+    print(episode_table(result))
+    if a.json:
+        write_json(a.json, result)
+    return 0
+
+
+EPISODE_TARGETS = ("delta", "delta_selective", "q", "v")
+"""The targets of the terminal table (the JSON has them all: the input-explained part and Q per action too)."""
+
+
+def episode_table(result: dict) -> str:
+    """The probes of an episode recording: one block per layer, one line per target."""
+    c = result["candidate"]
+    params = ", ".join(f"{k} {v:.3g}" for k, v in c["params"].items())
+    why = (f"the behavioural fit's best rule (fitted to the model's action probabilities; "
+           f"label: {c['label']})" if c["source"] == "behavioural fit" else "given")
+    sp = result["split"]
+    lines = [f"== {result['source']}",
+             f"   targets: {c['candidate']} ({params}): {why}",
+             f"   held-out histories {sp['test_histories']} (train {sp['train_histories']}); the TD error at step t is "
+             f"step t-{result['delta_lag']}'s",
+             f"   {'layer':>5}  {'target':<16}{'R2':>8}{'input':>8}{'random':>8}{'shuffled':>9}  selectivity [95% CI]"]
+    for layer, per in result["layers"].items():
+        for name in EPISODE_TARGETS:
+            p = per.get(name)
+            if p is None:
+                continue
+            b, sel = p["baselines"], p["selectivity"]
+            ci = sel.get("ci")
+            lines.append(f"   {layer:>5}  {name:<16}{_fmt(p['r2'], '.3f'):>8}{_fmt(b['input'], '.3f'):>8}"
+                         f"{_fmt(b['random_init'], '.3f'):>8}{_fmt(b['shuffled'], '.3f'):>9}  "
+                         f"{_fmt(sel['mean'], '+.3f')}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
+                         + ("  selective" if p["selective"] else ""))
+    return "\n".join(lines)

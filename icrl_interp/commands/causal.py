@@ -68,13 +68,30 @@ class CausalPrompts(task_options.Prompts):
     """Prompts per forward pass."""
 
 
+@dataclass
+class EpisodeCausal:
+    """The causal test on a model's actions over learning histories (docs/episodes.md)."""
+
+    episodes: str | None = field(default=None, metadata={"metavar": "EPS.h5"})
+    """An episodes file: erase the target's selective direction at --layer of the model (an AD model directory,
+    or --model FILE.py:FUNC with a token_format attribute) reading these histories, and measure its actions."""
+    target: str | None = field(default=None, metadata={"choices": ("delta", "q", "v")})
+    """With --episodes: the candidate's quantity whose direction is erased: its TD error (delta), Q(s_t, a_t) (q)
+    or V(s_t) (v) (None: delta)."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .episode_options import EpisodeTargets
+
     p.add_argument("checkpoint", nargs="?", help="checkpoint directory (model.safetensors + config.json); "
-                   "or use --model with --task")
+                   "or use --model with --task; with --episodes, an AD model directory")
     add_fields(p, CausalOptions)
     add_fields(p, devices.Device)
     add_fields(p.add_argument_group("prompts"), CausalPrompts, skip=("prompts",))
     task_options.add(p)
+    episodes = p.add_argument_group("learning histories (--episodes; docs/episodes.md)")
+    add_fields(episodes, EpisodeCausal)
+    add_fields(episodes, EpisodeTargets)
 
 
 def _fmt(stat: dict | None, key: str = "mean") -> str:
@@ -158,8 +175,17 @@ def run(args) -> int:
     from ..core.outputs import output_file
     from ..interventions.causal import SCHEMA, causal_test
 
+    from ..core.cli_fields import given_flags
+    from ..core.errors import UserError
+    from .episode_options import target_flags
+
     o, prompts = parsed(args, CausalOptions), parsed(args, CausalPrompts)
     device = parsed(args, devices.Device).device
+    ep = parsed(args, EpisodeCausal)
+    if ep.episodes is not None:
+        return _episode_run(args, o, prompts, ep, device)
+    if flags := given_flags(args, EpisodeCausal) + target_flags(args):
+        raise UserError(f"{flags[0]} goes with --episodes (the causal test on a model's actions over learning histories)")
     inputs = task_options.input_files(args)
     if o.json:
         output_file(o.json, "--json", inputs=inputs, suffixes=(".json",))
@@ -189,4 +215,65 @@ def run(args) -> int:
 
         write_figure(section, o.figure, title=source)
         print(f"wrote {o.figure}")
+    return 0
+
+
+FAMILY_ONLY = ("hook", "method", "direction", "steer", "interchange", "figure", "tasks", "prompt_seed", "probe")
+"""Options of the families' causal test that the test over learning histories does not have."""
+
+
+def _episode_run(args, o: CausalOptions, prompts: CausalPrompts, ep: EpisodeCausal, device) -> int:
+    """`causal (AD_MODEL_DIR | --model FILE.py:FUNC) --episodes EPS.h5 --layer L`: `episode_causal.causal_episodes`."""
+    from ..core.cli_fields import given_flags
+    from ..core.errors import UserError
+    from ..core.files import write_json
+    from ..core.outputs import output_file
+    from ..interventions.episode_causal import causal_episodes, read_mask, run_model, to_steps
+    from ..models import episode_tokens as et
+    from ..models.random_init import random_init_copy
+    from ..tasks.episodes import read_episodes
+    from ..analyzers.episode_recording import action_probs
+    from .episode_options import EpisodeTargets, load_model, other_task_flags, targets
+
+    family = [*given_flags(args, CausalOptions, [n for n in FAMILY_ONLY if n in CausalOptions.__dataclass_fields__]),
+              *given_flags(args, CausalPrompts, [n for n in FAMILY_ONLY if n in CausalPrompts.__dataclass_fields__]),
+              *other_task_flags(args)]
+    if family:
+        raise UserError(f"{family[0]} does not go with --episodes (the histories are the prompts; the edit is the "
+                        "mean-ablation of the probe's selective direction at the residual stream after --layer)")
+    if o.json:
+        output_file(o.json, "--json", inputs=[ep.episodes, *task_options.input_files(args)], suffixes=(".json",))
+    episodes = read_episodes(ep.episodes)
+    target = devices.resolve(device)
+    model, spec = load_model(args, args.checkpoint)
+    point = f"blocks.{o.layer}.hook_resid_post"
+    have = sorted(n for n, _ in model.named_modules() if n.startswith("blocks.") and n.endswith(".hook_resid_post"))
+    if point not in have:
+        raise UserError(f"--layer {o.layer}: the model has no {point} (its layers: "
+                        f"{', '.join(h.split('.')[1] for h in have) or 'none with that hook'})")
+    if getattr(model, "token_format", None) is None:
+        raise UserError("--episodes needs a model with a token_format attribute (the token format it reads; "
+                        "docs/episodes.md, \"Token formats\")")
+    fmt = model.token_format if isinstance(model.token_format, et.TokenFormat) else et.TokenFormat.from_dict(model.token_format)
+    et.check_fits(fmt, episodes)
+    model.to(target)
+    probs = None
+    if parsed(args, EpisodeTargets).candidate is None:
+        tokens, pmap = et.encode(episodes, fmt)  # the model's own action probabilities: what the fit explains
+        logits = to_steps(pmap, run_model(model, tokens, point, read_mask(pmap), batch_size=prompts.batch_size)[0])
+        probs = action_probs(logits, episodes.valid)
+    t, info = targets(args, episodes, action_probs=probs, split_seed=o.split_seed, test_fraction=o.test_fraction)
+    base = random_init_copy(model, o.baseline_seed)[0] if prompts.baseline == "random-init" else None
+    result = causal_episodes(model, episodes, fmt, t, layer=o.layer, target=ep.target or "delta", draws=o.random_draws,
+                             seed=o.direction_seed, split_seed=o.split_seed, test_fraction=o.test_fraction,
+                             n_boot=o.bootstrap, batch_size=prompts.batch_size, random_model=base)
+    result = {**result, "source": spec, "episodes": str(ep.episodes), "candidate": info,
+              "random_init": None if base is None else {"seed": o.baseline_seed}}
+    params = ", ".join(f"{k} {v:.3g}" for k, v in info["params"].items())
+    print(f"causal test at {result['site']} of {spec}: {result['target']} of {info['candidate']} ({params}; "
+          f"{info['source']}), held-out histories {result['split']['test_histories']}")
+    print(f"conclusion: {result['reason']}")  # the reason starts with the answer: yes, no or inconclusive
+    if o.json:
+        write_json(o.json, result)
+        print(f"wrote {o.json}")
     return 0

@@ -36,10 +36,24 @@ class RecordOptions:
     per prompt. The linear-attention families' specs record O(n) per prompt without it (docs/formats.md)."""
 
 
+@dataclass
+class EpisodeOptions:
+    """Recording a model over learning histories instead of a family's prompts (docs/episodes.md)."""
+
+    episodes: str | None = field(default=None, metadata={"metavar": "EPS.h5"})
+    """An episodes file: record the model (an AD model directory, or --model) over its histories, rows aligned
+    to steps [histories, steps, ...]."""
+    token_format: str | None = field(default=None, metadata={"choices": ("ad-step", "ad-element", "dpt")})
+    """With --episodes and a model without a token_format attribute: the token format it reads."""
+    context: int | None = field(default=None, metadata={"metavar": "K"})
+    """With --token-format: steps per window (AD formats) or transitions of context (dpt)."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", nargs="?", help="checkpoint directory (model.safetensors + config.json); "
-                   "or use --model with --task")
+                   "or use --model with --task; with --episodes, an AD model directory")
     add_fields(p, RecordOptions)
+    add_fields(p.add_argument_group("episodes (docs/episodes.md)"), EpisodeOptions)
     add_fields(p, devices.Device)
     add_fields(p.add_argument_group("prompts"), task_options.Prompts)
     task_options.add(p)
@@ -52,6 +66,11 @@ def run(args) -> int:
 
     o, prompts = parsed(args, RecordOptions), parsed(args, task_options.Prompts)
     device = parsed(args, devices.Device).device
+    episodes = parsed(args, EpisodeOptions)
+    if episodes.episodes is not None:
+        return _record_episodes(args, o, prompts, episodes, device)
+    if episodes.token_format is not None or episodes.context is not None:
+        raise UserError("--token-format and --context go with --episodes")
     if o.json is not None and not o.also_analyze:
         raise UserError("--json goes with --also-analyze (the analysis it writes)")
     if o.also_analyze and o.resume:
@@ -89,4 +108,32 @@ def run(args) -> int:
     print(table([result]))
     if o.json is not None:
         write_json(o.json, result)
+    return 0
+
+
+def _record_episodes(args, o: RecordOptions, prompts, ep: EpisodeOptions, device) -> int:
+    """`record --episodes EPS.h5 (AD_MODEL_DIR | --model FILE.py:FUNC) --out OUT.h5`."""
+    from ..core.errors import UserError
+    from ..core.outputs import output_file
+
+    given = [flag for flag, on in (("--task", args.task is not None), ("--prompts", prompts.prompts is not None),
+                                   ("--resume", o.resume), ("--also-analyze", o.also_analyze), ("--json", o.json),
+                                   ("--shards", o.shards != 1)) if on]
+    if given:
+        raise UserError(f"{given[0]} does not go with --episodes (the histories are the input, recorded in one file)")
+    if (args.model is None) == (args.checkpoint is None):
+        raise UserError("--episodes needs the model: an AD model directory, or --model FILE.py:FUNC (not both)")
+    output_file(o.out, "--out", inputs=[ep.episodes, *task_options.input_files(args)], suffixes=(".h5", ".hdf5"))
+    target = devices.resolve(device)
+    from ..recording.episodes import load_episode_model, record_episodes
+    from ..recording.probe_spec import load_spec
+
+    spec = args.checkpoint if args.checkpoint is not None else args.model
+    model = load_episode_model(spec, args.weights)
+    model.to(target)
+    roles = load_spec(prompts.probe).roles if prompts.probe is not None else None
+    summary = record_episodes(model, ep.episodes, o.out, token_format=ep.token_format, context=ep.context,
+                              roles=roles or None, patterns=o.full_patterns, baseline=prompts.baseline,
+                              batch_size=prompts.batch_size, progress=o.progress, model_spec=str(spec))
+    print(summary.table())
     return 0

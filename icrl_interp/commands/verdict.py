@@ -4,8 +4,10 @@ On a recording (`verdict REC.h5`: behaviour and representation evidence), on a c
 (`verdict CKPT`: recorded on its task first, then with causal evidence), or on your own model
 (`verdict --model FILE.py:FUNC [--weights W] --task FAMILY [task options] [--probe SPEC.toml]`), or your
 model with the recording made of it (`verdict REC.h5 --model FILE.py:FUNC [--weights W]`: the recording
-brings the task and the probe spec's [roles], the model is edited for the causal evidence). An option the
-chosen form would ignore (e.g. --tasks on a recording) is refused. docs/verdict.md says how to read it.
+brings the task and the probe spec's [roles], the model is edited for the causal evidence). On an episodes
+file (`verdict --episodes EPS.h5`): which tabular learning rule chose its actions (`verdicts.behaviour_fit`,
+docs/episodes.md). An option the chosen form would ignore (e.g. --tasks on a recording) is refused.
+docs/verdict.md says how to read it.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from . import task_options
 class VerdictOptions:
     """Which candidates, how they are scored, the causal evidence, and what is written."""
 
+    episodes: str | None = field(default=None, metadata={"metavar": "EPS.h5"})
+    """An episodes file: which tabular learning rule chose its actions (the behavioural fit, docs/episodes.md)."""
     candidates: str | None = None
     """Comma-separated candidate names (None: every one that applies; docs/verdict.md lists them)."""
     max_step: int | None = None
@@ -51,6 +55,8 @@ class VerdictOptions:
 
 CAUSAL_ONLY = ("random_draws", "direction_seed", "causal_tasks")
 """Options of the causal evidence, which edits the model (not used without one)."""
+EPISODES = ("episodes", "candidates", "test_fraction", "split_seed", "bootstrap", "json")
+"""The options of the verdict on an episodes file (`--episodes`); it refuses the others."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -104,6 +110,55 @@ def _refuse_unused(args, recording: str) -> None:
                         "the model: add --model FILE.py:FUNC (the recorded model), or drop them")
 
 
+def episodes_table(v: dict) -> str:
+    """The terminal summary of an episode verdict: each candidate's held-out log-likelihood and parameters."""
+    lines = [f"episode verdict on {v['source']} (held-out mean log-likelihood per step over "
+             f"{v['histories']['held_out']} histories; parameters fitted on {v['histories']['train']})"]
+    for name, e in v["candidates"].items():
+        params = ", ".join(f"{k} {p['value']:.3g}" + ("" if p["ci"] is None else
+                                                      f" [{p['ci'][0]:.3g}, {p['ci'][1]:.3g}]")
+                           for k, p in e["params"].items())
+        lines.append(f"  {name:16} {e['held_out_loglik']:9.4f}  {params}")
+    for name, e in v["baselines"].items():
+        lines.append(f"  {name:16} {e['held_out_loglik']:9.4f}  (baseline)")
+    lines.append(f"verdict: {v['verdict']['text']}")
+    return "\n".join(lines)
+
+
+def _episodes(args, o: VerdictOptions) -> int:
+    """`verdict --episodes EPS.h5`: the behavioural fit of the learning rules to the episodes' actions."""
+    from ..core.errors import UserError
+    from ..core.files import write_json
+    from ..core.outputs import output_file
+    from ..tasks.episodes import read_episodes
+    from ..tasks.learners import NAMES
+    from ..verdicts.behaviour_fit import fit_behaviour
+
+    unused = [f for f in given_flags(args, VerdictOptions) if f not in given_flags(args, VerdictOptions, EPISODES)]
+    unused += given_flags(args, task_options.Prompts) + given_flags(args, task_options.UserModel, ("model", "weights"))
+    unused += task_options.task_flags(args) + ([args.source] if args.source is not None else [])
+    if unused:
+        raise UserError(f"{', '.join(unused)}: not used with --episodes (the fit reads the episodes' own actions); "
+                        "drop them")
+    if o.json:
+        output_file(o.json, "--json", inputs=[o.episodes], suffixes=(".json",))
+    if o.bootstrap < 10:
+        raise UserError(f"--bootstrap must be at least 10, got {o.bootstrap}")
+    if not 0.0 < o.test_fraction < 1.0:
+        raise UserError(f"--test-fraction must lie in (0, 1), got {o.test_fraction}")
+    cands = None if o.candidates is None else [c.strip() for c in o.candidates.split(",") if c.strip()]
+    if cands is not None and (not cands or any(c not in NAMES for c in cands)):
+        raise UserError(f"--candidates: unknown {', '.join(c for c in cands if c not in NAMES) or '(none given)'} "
+                        f"(known with --episodes: {', '.join(NAMES)})")
+    v = fit_behaviour(read_episodes(o.episodes), split_seed=o.split_seed, test_fraction=o.test_fraction,
+                      bootstrap=o.bootstrap, candidates=cands, source=str(o.episodes))
+    print(episodes_table(v))
+    if o.json:
+        write_json(o.json, v)
+        print(f"wrote {o.json}")
+    return 0
+
+
 def run(args) -> int:
     from ..core.errors import UserError
     from ..core.files import write_json
@@ -111,6 +166,8 @@ def run(args) -> int:
     from ..verdicts.causal_evidence import verdict
 
     o, prompts = parsed(args, VerdictOptions), parsed(args, task_options.Prompts)
+    if o.episodes is not None:
+        return _episodes(args, o)
     ckpt = recording = None
     if args.source is not None:
         if Path(args.source).is_dir():

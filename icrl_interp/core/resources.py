@@ -57,6 +57,11 @@ def checkpoints_dir() -> Path:
     return _shipped("data", "checkpoints")
 
 
+def ad_dir() -> Path:
+    """The shipped Algorithm Distillation model (`data/ad/` of the repository: `models.ad_transformer`)."""
+    return _shipped("data", "ad")
+
+
 def zoo_dir() -> Path:
     """The shipped trained zoo models (`data/zoo/` of the repository), one folder each (`zoo.mimics`)."""
     return _shipped("data", "zoo")

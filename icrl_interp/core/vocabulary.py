@@ -43,14 +43,15 @@ FAMILY_TRAIN = ("train",)
 
 FLAGS: dict[str, Flag] = {
     # ---- what a command writes
-    "--out": Flag("the file or directory the command makes (recording, checkpoint, run, report, sweep)",
-                  ("record", "construct", "train", "report", "sweep", "demo", "zoo")),
+    "--out": Flag("the file or directory the command makes (recording, checkpoint, run, report, sweep, episodes)",
+                  ("record", "construct", "train", "report", "sweep", "demo", "zoo", "collect")),
     "--json": Flag("also write the command's result as JSON to this file", ("inspect", *RUN, "control")),
     "--figure": Flag("also draw the result into this image file", ("control", "causal", "verdict")),
-    "--force": Flag("replace an existing output directory", ("construct",)),
+    "--force": Flag("replace an existing output of the command (construct: a checkpoint directory; collect: an "
+                    "episodes file)", ("construct", "collect")),
     "--resume": Flag("continue a partial output from where it stopped", ("record",)),
     "--progress": Flag("show progress bars on stderr (--no-progress: none)",
-                       ("record", "analyze", "report", "train", "sweep", "control", "zoo")),
+                       ("record", "analyze", "report", "train", "sweep", "control", "zoo", "collect")),
     # ---- where the work runs
     "--device": Flag("where the torch work runs: cpu, cuda or auto", ("record", "analyze", "causal", "control", "train")),
     "--workers": Flag("worker processes that run the inputs in parallel", ("analyze", "report", "sweep", "demo")),
@@ -58,7 +59,8 @@ FLAGS: dict[str, Flag] = {
                         ("analyze", "report", "sweep")),
     "--threads": Flag("torch threads of one process", ("train",)),
     # ---- the model and the prompts it runs on
-    "--model": Flag("your own model: FILE.py:FUNC or package.module:FUNC returning a torch module", RUN),
+    "--model": Flag("your own model: FILE.py:FUNC or package.module:FUNC returning a torch module (collect: also "
+                    "an AD model directory)", (*RUN, "collect")),
     "--weights": Flag("a state dict loaded into --model", RUN),
     "--task": Flag("the family whose task --model runs on", RUN),
     "--probe": Flag("the probe spec TOML: which hooks are recorded and what roles they play", RUN),
@@ -66,7 +68,7 @@ FLAGS: dict[str, Flag] = {
     "--tasks": Flag("number of tasks sampled, one prompt each", ("envs", *RUN, "demo")),
     "--batch-size": Flag("prompts per forward pass", RUN),
     "--prompt-seed": Flag("seed of the task sampler: which tasks are drawn and the trajectories of their prompts",
-                          ("envs", "construct", "demo", *RUN, "control")),
+                          ("envs", "construct", "demo", *RUN, "control", "collect")),
     "--baseline": Flag("also run the same architecture at random initialization (random-init) or not (none)", RUN),
     "--baseline-seed": Flag("seed of the random-init copy's parameters", ("causal",)),
     "--interchange": Flag("also run interchange interventions with counterfactual prompts changing one reward or "
@@ -77,8 +79,9 @@ FLAGS: dict[str, Flag] = {
     "--n-layers": Flag("number of layers L", (*TASK, *FAMILY_TRAIN)),
     "--n-states": Flag("states of each task (Boyan chain or MDP)", ("envs", *TASK, *FAMILY_TRAIN)),
     "--n-actions": Flag("actions of each MDP", ("envs", *TASK, *FAMILY_TRAIN)),
-    "--gamma": Flag("discount factor gamma", ("envs", *TASK, *FAMILY_TRAIN)),
-    "--alpha": Flag("the step size alpha of the algorithm (the actor's, for actor-critic)", (*TASK, *FAMILY_TRAIN)),
+    "--gamma": Flag("discount factor gamma", ("envs", *TASK, *FAMILY_TRAIN, "collect")),
+    "--alpha": Flag("the step size alpha of the algorithm (the actor's, for actor-critic)",
+                    (*TASK, *FAMILY_TRAIN, "collect")),
     "--critic-step": Flag("actor-critic's critic step (beta in the papers)", (*TASK, "train actor-critic")),
     "--scale": Flag("gauge constant c of theta*: the layer holds (c X*, Y*/c)", TASK),
     "--score-scale": Flag("softmax-td: the factor on theta*'s score matrix A*", TASK),
@@ -90,8 +93,27 @@ FLAGS: dict[str, Flag] = {
     "--dtype": Flag("parameter dtype: float32 or float64", (*TASK, *FAMILY_TRAIN)),
     "--sa-features": Flag("state-action features of an MDP task: onehot, gaussian or uniform", (*TASK, *FAMILY_TRAIN)),
     "--sa-randomness": Flag("how random a random state-action feature map is, rho in [0, 1]", (*TASK, *FAMILY_TRAIN)),
-    "--epsilon": Flag("epsilon of the epsilon-greedy behaviour policy", (*FAMILY_TRAIN, "control")),
+    "--epsilon": Flag("epsilon of the epsilon-greedy behaviour policy", (*FAMILY_TRAIN, "control", "collect")),
     "--concentration": Flag("Dirichlet concentration of the MDPs' transition rows", (*FAMILY_TRAIN, "control")),
+    # ---- learning histories in environments (collect)
+    "--env": Flag("the environment: a Gymnasium id or module:Class", ("collect",)),
+    "--env-kwargs": Flag("keyword arguments of the environment, a JSON object", ("collect",)),
+    "--agent": Flag("the source agent that acts and learns in the environment", ("collect",)),
+    "--greedy": Flag("a model acting in closed loop takes the argmax of its logits instead of sampling them",
+                     ("collect",)),
+    "--episodes": Flag("an episodes file (learning histories) to judge, or to record a model over",
+                       ("verdict", "record", "causal")),
+    "--token-format": Flag("the token format a model reads episodes in: ad-step, ad-element or dpt", ("record",)),
+    "--context": Flag("steps per window (AD formats) or transitions of context (dpt) of the token format",
+                      ("record",)),
+    "--histories": Flag("learning histories collected, one environment (task) each", ("collect",)),
+    "--steps-per-history": Flag("environment steps of each learning history", ("collect",)),
+    "--inverse-temperature": Flag("beta of the softmax(beta Q) policy of a learning agent",
+                                  ("collect", "analyze", "causal")),
+    "--lam": Flag("the trace decay lambda of TD(lambda) control", ("collect", "analyze", "causal")),
+    "--candidate": Flag("the learning rule replayed on the histories whose TD error, Q and V are the targets",
+                        ("analyze", "causal")),
+    "--target": Flag("the candidate's quantity whose direction the causal test erases: delta, q or v", ("causal",)),
     # ---- training (train FAMILY; sweep)
     "--config": Flag("a JSON file of config fields (flags override it)", FAMILY_TRAIN),
     "--export": Flag("after training, copy the final checkpoint (and its snapshots) to this directory", FAMILY_TRAIN),
@@ -172,7 +194,8 @@ FLAGS: dict[str, Flag] = {
     "--causal-tasks": Flag("held-out tasks edited for the causal evidence", ("verdict",)),
     "--causal": Flag("the causal evidence with a model (--no-causal: skip it)", ("verdict",)),
     # ---- the zoo of known answers
-    "--set": Flag("which zoo entries: default (a few) or full (all)", ("zoo",)),
+    "--set": Flag("which zoo entries: default (a few), full (all), or episodes (agents acting in environments)",
+                  ("zoo",)),
     "--zoo-seed": Flag("seed of the zoo: 0, or a fresh zoo drawn with other step sizes, prompts and splits", ("zoo",)),
 }
 """Every flag: what it means and the commands that have it (`--no-x` is the same flag as `--x`)."""
@@ -181,7 +204,7 @@ RENAMED: dict[str, dict[str, tuple[str, ...]]] = {
     "--seed": {"record": ("--prompt-seed",), "envs": ("--prompt-seed",), "construct": ("--prompt-seed",),
                "demo": ("--prompt-seed",), "control": ("--prompt-seed",), "analyze": ("--split-seed",),
                "verdict": ("--split-seed", "--direction-seed"),
-               "causal": ("--prompt-seed", "--split-seed", "--direction-seed")},
+               "causal": ("--prompt-seed", "--split-seed", "--direction-seed"), "collect": ("--prompt-seed",)},
     "--record-seed": {"verdict": ("--prompt-seed",)},
     "--quiet": {"record": ("--no-progress",)},
     "--states": {c: ("--n-states",) for c in ("envs", *TASK, *FAMILY_TRAIN)},
@@ -190,12 +213,12 @@ RENAMED: dict[str, dict[str, tuple[str, ...]]] = {
     "--untied": {c: ("--no-tied",) for c in TASK},
     "--no-untied": {c: ("--tied",) for c in TASK},
     "--batch": {"train": ("--tasks-per-step",)},
-    "--beta": {"train actor-critic": ("--critic-step",)},
+    "--beta": {"train actor-critic": ("--critic-step",), "collect": ("--inverse-temperature",)},
     "--probe-tasks": {"analyze": ("--probe-max-tasks",)},
     "--cache": {"report": ("--use-cache",)},
     "--no-cache": {"report": ("--no-use-cache",)},
     "--control-steps": {"report": ("--control-iterations",)},
-    "--steps": {"control": ("--iterations",), "verdict": ("--max-step",)},
+    "--steps": {"control": ("--iterations",), "verdict": ("--max-step",), "collect": ("--steps-per-history",)},
     "--causal-draws": {"verdict": ("--random-draws",)},
     "--prompts": {"demo": ("--tasks",)},
 }

@@ -65,10 +65,12 @@ def criteria(selectivity: dict, excess: dict, random_mean: float, versus_input: 
     ]
 
 
-def decide(crit: list[dict], n_test: int, test_fraction: float, note: str | None = None) -> tuple[str, str, dict]:
-    """(answer, reason, detail) from the criteria of `criteria`. `n_test`: held-out tasks; `note`: a reason the
-    site cannot answer at all (every edit leaves the output unchanged; a one-feature site), which makes the answer
-    "inconclusive" whatever the intervals say."""
+def decide(crit: list[dict], n_test: int, test_fraction: float, note: str | None = None, unit: str = "tasks",
+           flag: str = "--tasks") -> tuple[str, str, dict]:
+    """(answer, reason, detail) from the criteria of `criteria`. `n_test`: held-out tasks (or what `unit` names:
+    'histories' on episodes, whose count `flag` sets); `note`: a reason the site cannot answer at all (every edit
+    leaves the output unchanged; a one-feature site), which makes the answer "inconclusive" whatever the intervals
+    say."""
     rows = []
     for c in crit:
         st, ci = c["stat"], c["stat"].get("ci")
@@ -102,10 +104,10 @@ def decide(crit: list[dict], n_test: int, test_fraction: float, note: str | None
     if factor is not None and factor <= MAX_FACTOR:
         need = max(int(math.ceil(n_test * factor)), n_test + 1)
         detail["more_tasks"] = {"held_out": need, "tasks": int(math.ceil(need / test_fraction))}
-        more = (f"; about {need} held-out tasks would likely resolve it (--tasks ≈ "
+        more = (f"; about {need} held-out {unit} would likely resolve it ({flag} ≈ "
                 f"{detail['more_tasks']['tasks']})")
     else:
-        more = (f"; more tasks are unlikely to resolve it (over {MAX_FACTOR:g}x the held-out tasks, or a mean on "
+        more = (f"; more {unit} are unlikely to resolve it (over {MAX_FACTOR:g}x the held-out {unit}, or a mean on "
                 "a threshold)")
     names = ", ".join(r["name"] for r in open_)
     return "inconclusive", f"inconclusive: the interval of {names} is not decisive ({said}){more}", detail

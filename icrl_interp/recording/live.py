@@ -17,9 +17,9 @@ The most recent batches are cached (at least every batch of the largest span of 
 for, so one chunk of the analyzer is one forward pass per batch; prompt-only batches up to
 PROMPT_CACHE_BYTES); older ones are dropped, so memory stays flat in the number of prompts. A read of a
 chunk of a longer run takes the activations out of the cached batches it copies them from, so a chunk's
-activations are held once. An analysis that reads the prompts twice (the held-out scoring of the TD probes and
-of the tuned lens: docs/analyzers.md, "Live analysis") runs the forward pass of those batches again:
-it costs compute, never memory. Given an output file, every batch is also written in order as it is
+activations are held once. An analysis that reads the prompts twice (the tuned lens's held-out scoring, and the TD
+probes' when their held-out prompts outgrow what they keep from the first pass: docs/analyzers.md, "Live
+analysis") runs the forward pass of those batches again: it costs compute, never memory. Given an output file, every batch is also written in order as it is
 first computed (`record --also-analyze`).
 """
 from __future__ import annotations

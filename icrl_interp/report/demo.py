@@ -17,6 +17,7 @@ from ..core import outputs
 from ..core import resources
 from ..core.errors import UserError, one_line
 from ..families import registry
+from . import ad_demo
 
 DATA_DIR = resources.checkpoints_dir()
 """Shipped trained checkpoints (one directory per family, or per run; see `resources` for wheel vs checkout)."""
@@ -129,6 +130,31 @@ def write_verdicts(recordings: list[Path]) -> list[Path]:
     return out
 
 
+def shipped_ad_verdict(target: Path, config: DemoConfig) -> list[Path]:
+    """The shipped AD model (`data/ad/`, `report.ad_demo`): its return curve on held-out goals beside the source's
+    printed, and (not with --quick) its behavioural verdict on its own closed-loop episodes written to `target`.
+    Without the model or gymnasium, one line and nothing else."""
+    from ..models.ad_transformer import read_config
+
+    try:
+        print("\n".join(ad_demo.curve_lines(read_config(resources.ad_dir()))))
+        if config.quick:
+            print("  its behavioural verdict: skipped with --quick (`icrl-interp collect --model data/ad ...`, then "
+                  "`verdict --episodes`)")
+            return []
+        doc = ad_demo.closed_loop_verdict(target, seed=config.prompt_seed)
+    except Exception as e:  # noqa: BLE001 - the AD model's part failing leaves the rest of the demo standing
+        print(f"shipped AD model: not reached: {one_line(e)}")
+        return []
+    v = doc["verdict"]
+    params = (doc["candidates"].get(v.get("closest") or v.get("best")) or {}).get("params", {})
+    print(f"  its behavioural verdict on its own closed-loop episodes: {v['text']}")
+    if params:
+        print(f"  {v.get('closest') or v.get('best')} fitted: "
+              + ", ".join(f"{k} {p['value']:.3g} [{p['ci'][0]:.3g}, {p['ci'][1]:.3g}]" for k, p in params.items()))
+    return [target]
+
+
 def run_demo(config: DemoConfig) -> int:
     """Build, record, analyze, report. Returns the number of failed inputs."""
     from ..models import checkpoint
@@ -148,7 +174,9 @@ def run_demo(config: DemoConfig) -> int:
     families = config.families or registry.where(lambda f: f.demo is not None and f.construct is not None)
     names = [f"theta_star-{family}" for family in families]
     names += [f"trained-{checkpoint.read(path)[0].family}-{path.name}" for path in shipped]
-    _clear_own(inputs_dir, names + [f"{n}{x}" for n in names for x in (".h5", ".h5.partial", VERDICT_SUFFIX)])
+    ad_verdict = inputs_dir / f"{ad_demo.NAME}{VERDICT_SUFFIX}"  # the shipped AD model's verdict (episodes)
+    _clear_own(inputs_dir, names + [f"{n}{x}" for n in names for x in (".h5", ".h5.partial", VERDICT_SUFFIX)]
+               + [ad_verdict.name])
     inputs_dir.mkdir(parents=True, exist_ok=True)  # `out` itself may be new (its parent exists)
 
     models: list[tuple[str, Path]] = []
@@ -183,6 +211,7 @@ def run_demo(config: DemoConfig) -> int:
     verdicts = write_verdicts([p for p in recordings if p.name.startswith("trained-")]) if not config.quick else []
     if config.quick:
         print("algorithm verdicts: skipped with --quick (`icrl-interp verdict INPUTS/NAME.h5` gives one)")
+    verdicts += shipped_ad_verdict(ad_verdict, config)
     inputs = [p for _, p in models] + snapshots + recordings + verdicts
     outcome = build_report(inputs, out, ReportConfig(workers=config.workers, title="icrl-interp demo report",
                                                         live_tasks=min(LIVE_TASKS, n_prompts)))

@@ -682,7 +682,8 @@ def make_figures(results: list[Result], report_dir: Path, svg: bool = False, max
            for i, r in enumerate(r for r in results if r.causal is not None and r.analyzed)]
     own += [(r, FigureInfo(r.family, f"verdict-{i:03d}-{_slug(r.family)}-{r.sha256[:8]}", f"Algorithm verdict: {label_of(r)}",
                            VERDICT_CAPTION, section="verdict"))
-            for i, r in enumerate(r for r in results if r.verdict is not None and r.analyzed)]
+            for i, r in enumerate(r for r in results if r.verdict is not None and r.analyzed
+                                  and "layers" in r.verdict)]  # an episode verdict has no layers to draw: its table
     for r, info in own:
         try:
             info.files = (causal_figure if info.section == "causal" else verdict_figure)(r, fig_dir, info.key, svg)

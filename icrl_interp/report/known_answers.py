@@ -66,9 +66,9 @@ def _text(x) -> str:
 
 def row_of(row: dict) -> dict:
     """{'truth', 'decoy', 'verdict', 'clear', 'right', 'causal'} of one zoo row: display strings, and whether it
-    is a decoy, its verdict `clear`, and right (the row's own `score.named_right` / `score.right` when it has
-    one: a label may name the truth with its parameters; else the label equals the true algorithm, or for a decoy
-    is "none fits" or "reward regression ...")."""
+    is a decoy, its verdict `clear`, and right: the row's own `score.right` when it has one (the zoo's count:
+    named, with its parameters inside their intervals; `score.named_right` where a row has only that), else the
+    label equals the true algorithm, or for a decoy is "none fits" or "reward regression ...")."""
     truth = row.get("truth")
     t = truth.get("algorithm") if isinstance(truth, dict) else truth if truth is not None else row.get("true_algorithm")
     decoy = (isinstance(truth, dict) and truth.get("decoy") is True) or row.get("kind") == "decoy" or \
@@ -83,7 +83,7 @@ def row_of(row: dict) -> dict:
     c = c.get("conclusion") if isinstance(c, dict) else c
     c = c.get("answer") if isinstance(c, dict) else c
     score = row.get("score") if isinstance(row.get("score"), dict) else {}
-    right = next((score[k] for k in ("named_right", "right") if isinstance(score.get(k), bool)), None)
+    right = next((score[k] for k in ("right", "named_right") if isinstance(score.get(k), bool)), None)
     out = {"truth": ("decoy: " if decoy else "") + _text(t), "decoy": decoy, "verdict": _text(label),
            "clear": clear, "causal": _text(c)}
     refused = out["verdict"] == "none fits" or out["verdict"].startswith("reward regression")

@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 
 from .causal import save
 
+from ..analyzers.inputs import EPISODE_VERDICT_SCHEMA as EPISODE_SCHEMA  # noqa: E402
 from ..analyzers.inputs import VERDICT_SCHEMA as SCHEMA  # noqa: E402
 
 
@@ -99,7 +100,10 @@ def write_figure(v: dict, path, title: str = "") -> Path:
 
 def html_table(v: dict) -> str:
     """The report's table: per layer the verdict, the best candidate's R² and interval, the margin, and whether
-    the probes and the causal test point at the same candidate."""
+    the probes and the causal test point at the same candidate (an episode verdict: `episode_table`)."""
+    if v.get("schema") == EPISODE_SCHEMA:
+        return episode_table(v)
+
     def fmt(x, ci=None):
         if x is None:
             return "—"
@@ -117,4 +121,25 @@ def html_table(v: dict) -> str:
             + "</tr>")
     out.append("</table>")
     out += [f"<p class='verdict-summary'>{html.escape(line.strip())}</p>" for line in summary_lines(v)[1:]]
+    return "\n".join(out)
+
+
+def episode_table(v: dict) -> str:
+    """An episode verdict (`icrl_interp.episode_verdict/1`, docs/episodes.md "The behavioural verdict"): per rule
+    and baseline the held-out mean log-likelihood per step with its interval and the fitted parameters with
+    theirs, then the verdict's text."""
+    def fmt(x, ci=None):
+        return "—" if x is None else f"{x:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+    out = ["<table class='verdict'><tr><th>rule</th><th>held-out log-lik per step</th><th>fitted parameters</th></tr>"]
+    for name, c in v["candidates"].items():
+        # the rules' own parameter names (gamma is the discount here, not a family's gamma')
+        params = ", ".join(f"{k} {fmt(p['value'], p.get('ci'))}" for k, p in (c.get("params") or {}).items())
+        out.append(f"<tr><td>{html.escape(name)}</td><td>{fmt(c.get('held_out_loglik'), c.get('held_out_loglik_ci'))}"
+                   f"</td><td>{html.escape(params or '—')}</td></tr>")
+    for name, b in (v.get("baselines") or {}).items():
+        out.append(f"<tr><td>{html.escape(name)} (baseline)</td><td>{fmt(b.get('held_out_loglik'), b.get('held_out_loglik_ci'))}"
+                   "</td><td>—</td></tr>")
+    out.append("</table>")
+    out.append(f"<p class='verdict-summary'>{html.escape(str(v['verdict'].get('text', '')))}</p>")
     return "\n".join(out)

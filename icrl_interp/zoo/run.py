@@ -258,7 +258,7 @@ def run(out, set_name: str = "default", zoo_seed: int = 0, progress: bool = True
         bar.set_postfix_str(entry.name)
         path = out / "rows" / f"{entry.name}.json"
         key = fingerprint(entry, settings)
-        row = _reuse(path, key)
+        row = stored_row(path, key)
         if row is None:
             row = {**judge(entry, settings), "fingerprint": key}
             write_json(path, row)
@@ -274,7 +274,8 @@ def run(out, set_name: str = "default", zoo_seed: int = 0, progress: bool = True
     return result
 
 
-def _reuse(path: Path, key: str) -> dict | None:
+def stored_row(path: Path, key: str) -> dict | None:
+    """The row stored at `path` when its fingerprint is `key` (a resumed run reuses it), else None."""
     try:
         row = json.loads(path.read_text())
     except (OSError, ValueError):

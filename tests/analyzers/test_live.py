@@ -62,9 +62,15 @@ def test_live_equals_recording_for_a_users_model_and_restores_it(tmp_path):
     assert not same(recorded, other)  # the prompt seed is honoured: the comparison can fail
 
 
-def test_cache_is_bounded_and_pass_two_recomputes(tmp_path):
+@pytest.mark.parametrize("held_budget", [0, None])
+def test_cache_is_bounded_and_pass_two_recomputes(tmp_path, monkeypatch, held_budget):
+    """The batch cache stays small; the probes' held-out rows are kept from the first pass (no second
+    forward pass) unless they outgrow their budget (0 here): then pass 2 runs the forward again."""
+    from icrl_interp.analyzers import probes
     from icrl_interp.analyzers.analyze import analyze_open
 
+    if held_budget is not None:
+        monkeypatch.setattr(probes, "HELD_OUT_CACHE_BYTES", held_budget)
     ck = tmp_path / "ck"
     assert cli.main(["construct", "linear-td", "--out", str(ck)]) == 0
     model, config = checkpoint.load(ck), checkpoint.read(ck)[0]
@@ -84,7 +90,10 @@ def test_cache_is_bounded_and_pass_two_recomputes(tmp_path):
         n_batches = rec.f.run.n_batches
         assert result["activations"]["layers"][0]["td_probe_r2"] is not None
         assert max(seen) <= rec.f.capacity < n_batches // 4  # far fewer batches held than the run has
-        assert rec.forward_batches + 1 > n_batches  # the held-out pass ran the forward pass again
+        if held_budget == 0:
+            assert rec.forward_batches + 1 > n_batches  # the held-out pass ran the forward pass again
+        else:  # one forward pass per batch (batch 0 ran on opening), scoring from pass 1's rows
+            assert rec.forward_batches + 1 == n_batches
 
 
 def test_record_also_analyze_writes_the_recording_and_its_analysis(tmp_path):

@@ -181,6 +181,43 @@ def test_split_partners_and_intervals_do_not_depend_on_the_chunk_size(tmp_path):
         np.testing.assert_allclose(a["selectivity_ci"], b["selectivity_ci"], rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("budget", [0, 40_000])
+def test_held_out_rows_kept_from_pass_one_score_exactly_as_a_second_read(tmp_path, monkeypatch, budget):
+    """Scoring from the rows pass 1 kept gives the sums a second read of the file gives, bit for bit (the
+    same rows in the same order: exact equality is by construction); 40 kB overflows midway, after some
+    chunks were kept, and must fall back whole."""
+    from icrl_interp.analyzers import probes as P
+
+    path = record(tmp_path / "h.h5", with_delta(1), baseline=random_map(2), per_task=3)
+    kept = analyze(path, chunk_mib=0.05)
+    monkeypatch.setattr(P, "HELD_OUT_CACHE_BYTES", budget)
+    reread = analyze(path, chunk_mib=0.05)
+    for a, b in zip(probes(kept), probes(reread)):
+        assert a["per_task"] == b["per_task"] and a["selectivity_ci"] == b["selectivity_ci"]
+        assert a["per_task"]["sse_random_init"] is not None and a["per_task"]["sse_input"] is not None
+
+
+def test_held_out_rows_that_will_not_fit_are_not_kept_from_the_first_chunk_on(tmp_path, monkeypatch):
+    """The keep-or-read decision is projected from the first chunk to the whole recording: a held-out set
+    twice the budget keeps nothing at all (not a cache that fills up and is dropped at the peak)."""
+    from icrl_interp.analyzers import probes as P
+
+    path = record(tmp_path / "p.h5", with_delta(1), per_task=3)
+    states, keep = [], P.ProbeSet._keep_held
+
+    def spy(self, *args):
+        keep(self, *args)
+        states.append((self.held is not None, self.held_bytes))
+    monkeypatch.setattr(P.ProbeSet, "_keep_held", spy)
+    analyze(path, chunk_mib=0.05)
+    total = states[-1][1]
+    assert len(states) > 4 and all(kept for kept, _ in states)  # under the default budget: every chunk kept
+    states.clear()
+    monkeypatch.setattr(P, "HELD_OUT_CACHE_BYTES", total // 2)
+    analyze(path, chunk_mib=0.05)
+    assert states[0][1] < total // 2 and not states[0][0]  # the first chunk fits, the projection does not
+
+
 def test_json_fields_and_the_bounded_per_task_table(pair, tmp_path):
     _, trained = pair
     layer = trained["activations"]["layers"][2]

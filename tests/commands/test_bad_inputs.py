@@ -723,6 +723,8 @@ def test_demo_regenerates_only_its_own_inputs(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "load", lambda path: None)
     monkeypatch.setattr(probe_spec, "shipped_spec", no_spec)
     monkeypatch.setattr(demo, "shipped_checkpoints", lambda root=None: [])
+    monkeypatch.setattr(demo.ad_demo, "closed_loop_verdict",  # the AD model acting: tests/report/test_ad_demo.py
+                        lambda out, seed: {"verdict": {"text": "none fits", "best": None}, "candidates": {}})
     config = demo.DemoConfig(out=tmp_path / "demo", families=("sarsa",))
     assert demo.run_demo(config) == 0
     inputs = tmp_path / "demo" / "inputs"

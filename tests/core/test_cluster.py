@@ -51,8 +51,10 @@ lr = [0.01, 0.003]
 
 [report]
 max_recordings = 0
+live_tasks = 16
 """
-"""4 tiny linear-td runs (2 learning rates x 2 seeds) of 12 steps, a checkpoint every 6: 8 report inputs."""
+"""4 tiny linear-td runs (2 learning rates x 2 seeds) of 12 steps, a checkpoint every 6: 8 report inputs, each
+also analyzed live on 16 prompts (the default 256 adds time, not code)."""
 
 
 # ------------------------------------------------------------------ parsing (no cluster)
@@ -222,7 +224,8 @@ def _kill_worker_mid_run(engine, runs: Path, killed: list, done: threading.Event
         time.sleep(0.005)
 
 
-def test_sweep_on_a_cluster_survives_killed_workers_and_matches_serial(cluster, tmp_path):
+def test_sweep_on_a_cluster_survives_killed_workers_and_matches_serial(cluster, tmp_path, no_figures):
+    """The three reports are compared by their summary.json, so their figures are not drawn (`no_figures`)."""
     (tmp_path / "grid.toml").write_text(GRID)
     code, serial_out = _sweep(tmp_path, "serial", "--scheduler", "serial")
     assert code == 0, serial_out

@@ -193,7 +193,9 @@ def test_report_over_both_examples_fills_or_explains_every_section(python_runs, 
     report; every row is analyzed, and every section that is not computed says why."""
     inputs = [str(python_runs[w]["paths"][k]) for k in ("recording", "causal") for w in WHICH]
     out = tmp_path / "report"
-    assert cli.main(["report", *inputs, "--out", str(out), "--no-progress"]) == 0
+    # --workers 1: the analyses run in this process (the Dask path is tests/core/test_cluster.py's and
+    # tests/report/test_report_batch.py::test_parallel_processes_match_serial's; a recording needs no model code)
+    assert cli.main(["report", *inputs, "--out", str(out), "--no-progress", "--workers", "1"]) == 0
     capsys.readouterr()
     rows = json.loads((out / "summary.json").read_text())["rows"]
     assert sorted(r["kind"] for r in rows) == ["causal", "causal", "recording", "recording"]

@@ -60,6 +60,10 @@ def test_more_tasks_from_the_half_width():
     assert detail["more_tasks"]["held_out"] == 160
     _, reason, detail = decide(YES, st(-50.0, 50.1, 0.05), YES, n=10)  # beyond MAX_FACTOR: no estimate
     assert detail["more_tasks"] is None and "unlikely to resolve" in reason
+    # on episodes the held-out units are histories, and the flag that collects more of them is named
+    _, reason, _ = C.decide(C.criteria(YES, st(-0.1, 0.3, 0.1), 1.0, YES), 100, 0.5, unit="histories",
+                            flag="--histories")
+    assert "about 400 held-out histories would likely resolve it (--histories ≈ 800)" in reason
 
 
 def test_schema_2_is_read_and_1_is_refused(tmp_path):

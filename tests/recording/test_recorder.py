@@ -1,9 +1,6 @@
-import os
+import multiprocessing as mp
 import random
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import h5py
 import numpy as np
@@ -20,7 +17,7 @@ from icrl_interp.models import CheckpointConfig, ModelConfig, theta_star_model
 from icrl_interp.recording.format import SCHEMA, Recording, partial_path
 from icrl_interp.tasks.sampling import TaskSpec
 
-HERE = Path(__file__).parent
+from . import _slow_child
 
 
 def _config(model, n=16):
@@ -246,9 +243,16 @@ def test_refuses_to_overwrite_and_to_resume_with_other_settings(tmp_path):
         _record(model, tmp_path / "b.h5", resume=True)
 
 
-def _run_child(out, n, resume=False):
-    cmd = [sys.executable, str(HERE / "_slow_child.py"), str(out), str(n)] + (["resume"] if resume else [])
-    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)})
+SIGKILL_N = 320  # 20 batches of 16
+FORK = mp.get_context("fork")
+
+
+@pytest.fixture(scope="module")
+def sigkill_reference(tmp_path_factory):
+    """The uninterrupted recording, made once here: the same computation as the killed run's."""
+    ref = tmp_path_factory.mktemp("sigkill-ref") / "ref.h5"
+    _slow_child.main(str(ref), SIGKILL_N, False)
+    return ref
 
 
 def _progress(path):
@@ -260,25 +264,25 @@ def _progress(path):
 
 
 @pytest.mark.parametrize("trial", range(2))
-def test_sigkill_then_resume_is_identical(tmp_path, trial):
-    n = 320
-    ref = tmp_path / "ref.h5"
-    assert _run_child(ref, n).wait() == 0
+def test_sigkill_then_resume_is_identical(sigkill_reference, tmp_path, trial):
+    """The run is a forked child of this process (as in test_shard_kills.py: a real process, SIGKILLed,
+    without a fresh interpreter's imports); the reference and the resume run here."""
     out = tmp_path / "k.h5"
-    proc = _run_child(out, n)
+    proc = FORK.Process(target=_slow_child.main, args=(str(out), SIGKILL_N, False))
+    proc.start()
     deadline = time.time() + 120
-    while _progress(partial_path(out)) < 16 * (1 + trial) and proc.poll() is None and time.time() < deadline:
+    while _progress(partial_path(out)) < 16 * (1 + trial) and proc.is_alive() and time.time() < deadline:
         time.sleep(0.02)
     time.sleep(random.Random(trial).uniform(0, 0.2))
     proc.kill()
-    proc.wait()
+    proc.join()
     if not out.exists():  # killed before the end: nothing at the final path, finished work kept
         assert partial_path(out).exists()
         done = _progress(partial_path(out))
         assert done >= 16 and done % 16 == 0
-        assert _run_child(out, n, resume=True).wait() == 0
+        _slow_child.main(str(out), SIGKILL_N, True)
     assert not partial_path(out).exists()
-    with h5py.File(ref) as a, h5py.File(out) as b:
+    with h5py.File(sigkill_reference) as a, h5py.File(out) as b:
         assert b.attrs["complete"]
         for key in ("acts/0.soft", "acts/1.q", "prompts/z", "reference/td_errors", "tasks/values"):
             np.testing.assert_array_equal(a[key][()], b[key][()])  # exact: the same batches computed again

@@ -89,12 +89,12 @@ def test_the_terminal_and_the_page_open_with_the_answers(tmp_path):
 
 
 ZOO_ROWS = [
-    {"truth": {"algorithm": "td0", "kind": "teacher"}, "verdict": {"best": "td0", "fits": True, "clear": True}},
+    {"truth": {"algorithm": "td0", "kind": "teacher"}, "verdict": {"best": "td0", "fits": True, "clear": True},
+     "score": {"named_right": True, "right": False}},  # named, parameters outside: the zoo's `right` counts
     {"truth": {"algorithm": "td0", "kind": "teacher"}, "verdict": {"best": "td_lambda_0.5", "fits": True, "clear": False},
      "causal": {"conclusion": "yes"}},
     {"truth": {"algorithm": "immediate_reward", "decoy": True},
-     "verdict": {"best": "td0", "fits": True, "clear": True, "label": "reward regression"}, "causal": {"conclusion": "yes"},
-     "score": {"named_right": False, "right": True}},  # the zoo's own score wins over comparing names
+     "verdict": {"best": "td0", "fits": True, "clear": True, "label": "reward regression"}, "causal": {"conclusion": "yes"}},
     {"truth": "mean_reward", "kind": "decoy", "verdict": {"best": "td0", "fits": False}, "causal": "no"},
 ]
 

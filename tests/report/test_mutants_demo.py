@@ -40,6 +40,9 @@ def test_demo_counts_a_failure_with_an_empty_message(tmp_path, monkeypatch, caps
     monkeypatch.setattr(probe_spec, "shipped_spec", no_spec)
     judged = []  # the verdicts: skipped with --quick, else their JSON go to the report with the rest
     monkeypatch.setattr(demo, "write_verdicts", lambda recs: judged.append(recs) or [tmp_path / "x.verdict.json"])
+    acted = []  # the shipped AD model's closed-loop verdict (tests/report/test_ad_demo.py runs the real one)
+    monkeypatch.setattr(demo.ad_demo, "closed_loop_verdict", lambda out, seed: acted.append(out) or
+                        {"verdict": {"text": "none fits", "best": None}, "candidates": {}})
     (tmp_path / "rep").mkdir()  # an empty --out (a new one is the demo's own business, tested elsewhere)
     failed = demo.run_demo(demo.DemoConfig(out=tmp_path / "rep", quick=True, families=("sarsa",)))
     assert failed == 1
@@ -48,7 +51,9 @@ def test_demo_counts_a_failure_with_an_empty_message(tmp_path, monkeypatch, caps
     assert "1 failed" in text and "failed: " in text and "algorithm verdicts: skipped with --quick" in text
     (tmp_path / "rep2").mkdir()
     demo.run_demo(demo.DemoConfig(out=tmp_path / "rep2", quick=False, families=("sarsa",)))
-    assert judged == [[]] and [p.name for p in seen["inputs"]] == ["theta_star-sarsa", "x.verdict.json"]
+    assert judged == [[]] and [p.name for p in seen["inputs"]] == ["theta_star-sarsa", "x.verdict.json",
+                                                                    "ad-dark-room.verdict.json"]
+    assert acted == [tmp_path / "rep2" / "inputs" / "ad-dark-room.verdict.json"]  # once, not with --quick
 
     from icrl_interp.commands import demo as demo_command
 

@@ -184,7 +184,7 @@ def test_summary_rows_json_and_csv_agree(inputs, tmp_path):
     assert list(table[0])[: len(batch.META_COLUMNS)] == list(batch.META_COLUMNS)
 
 
-def test_cli_exit_codes(inputs, tmp_path, capsys):
+def test_cli_exit_codes(inputs, tmp_path, capsys, no_figures):
     good = [inputs["root"] / "theta", inputs["root"] / "rec.h5"]
     assert main(["report", *map(str, good), "--out", str(tmp_path / "ok"), "--analyzer", FAKE, "--workers", "1"]) == 0
     out = capsys.readouterr().out
@@ -230,7 +230,7 @@ def test_real_analyzer_on_a_theta_star_checkpoint(tmp_path, capsys):
     assert "the live run on the checkpoint's own task failed" in row["reasons"]
 
 
-def test_checkpoints_are_analyzed_live_by_default_and_cached_by_their_setting(tmp_path):
+def test_checkpoints_are_analyzed_live_by_default_and_cached_by_their_setting(tmp_path, no_figures):
     from icrl_interp.analyzers.analyze import analyze
 
     star = tmp_path / "star"

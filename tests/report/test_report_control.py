@@ -96,7 +96,7 @@ def test_page_has_the_control_figure_and_table(report):
     assert "transformer on top of the teacher" in info.caption or "lies on the teacher" in info.caption
 
 
-def test_cache_reuse_is_byte_identical_and_settings_are_part_of_the_key(report, theta, tmp_path):
+def test_cache_reuse_is_byte_identical_and_settings_are_part_of_the_key(report, theta, tmp_path, no_figures):
     _, out, first = report
     again = build_report([theta], out, ReportConfig(workers=1, progress=False))
     assert again.results[0].cached and (out / "summary.json").read_bytes() == first

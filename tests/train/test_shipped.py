@@ -167,8 +167,10 @@ def test_shipped_softmax_td_reaches_xie_assumption_5_1():
     assert layer["margin"] > 0 and layer["kernel_diag_min"] > 0.75 and layer["sign_pattern"] == "+,+,-"
     errs = m["value_error_inf_by_depth"]
     assert all(b < a for a, b in zip(errs, errs[1:]))
-    early = _evaluate("softmax-td", 256, path=_snapshots("softmax-td")[0])["layers"][0]
-    assert early["margin"] < layer["margin"]
+    # the snapshot on 64 tasks: still below the margin, i.e. negative (measured -0.075 on 256 tasks; -0.053 to -0.085
+    # on 4 seeds of 64, standard deviation 0.015: 0 is 5 of them away); the final weights on these 64 tasks: +0.005
+    early = _evaluate("softmax-td", 64, path=_snapshots("softmax-td")[0])["layers"][0]
+    assert early["margin"] < 0 < layer["margin"]
 
 
 def test_shipped_actor_critic_reproduces_liang_lai_full_row():
