@@ -58,11 +58,6 @@ def agent_params(agent: str, alpha=None, gamma=None, beta=None, lam=None, epsilo
     return params
 
 
-def sample(p: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """[N] int64: action of each row drawn from probabilities p [N, A] with the row's uniform u [N] (inverse CDF)."""
-    return np.minimum((np.cumsum(p, -1) < u[:, None]).sum(-1), p.shape[1] - 1).astype(np.int64)
-
-
 def epsilon_greedy(q: np.ndarray, epsilon: float) -> np.ndarray:
     """[N, A] epsilon uniform plus 1 - epsilon shared by the maximal actions of q [N, A]."""
     best = q == q.max(-1, keepdims=True)
@@ -133,7 +128,7 @@ def collect(env: str, agent, *, histories: int | Sequence[int], steps: int, seed
             p = epsilon_greedy(learner.rule.values(obs), params["epsilon"])
         else:
             p = learner.probs(obs)
-        a = sample(p, uniforms[:, t])
+        a = learners.sample(p, uniforms[:, t])
         out = [e.step(int(x) + int(act_space.start)) for e, x in zip(envs, a)]
         nxt = np.array([encode(o[0]) for o in out])
         r = np.array([float(o[1]) for o in out])

@@ -74,6 +74,11 @@ def log_policy(q: np.ndarray, beta) -> np.ndarray:
     return z - np.log(asum(np.exp(z)))[..., None]
 
 
+def sample(p: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """[N] int64: action of each row drawn from probabilities p [N, A] with the row's uniform u [N] (inverse CDF)."""
+    return np.minimum((np.cumsum(p, -1) < u[:, None]).sum(-1), p.shape[1] - 1).astype(np.int64)
+
+
 def policy(q: np.ndarray, beta) -> np.ndarray:
     """softmax(beta q) over the last axis."""
     return np.exp(log_policy(q, beta))
@@ -476,8 +481,7 @@ class OnlineLearner:
     def act(self, obs, rng: np.random.Generator | None = None) -> np.ndarray:
         """[n_envs] int64 actions drawn from the policy at obs (with `rng`, else the learner's own generator)."""
         p = self.probs(obs)
-        u = (self.rng if rng is None else rng).random(p.shape[0])
-        return np.minimum((np.cumsum(p, -1) < u[:, None]).sum(-1), p.shape[1] - 1).astype(np.int64)
+        return sample(p, (self.rng if rng is None else rng).random(p.shape[0]))
 
     def observe(self, obs, actions, rewards, next_obs, terminated, truncated) -> list:
         """Update on one step of every environment; returns the updates made now (`Rule.observe`: a SARSA step's

@@ -20,6 +20,7 @@ from icrl_interp.models import episode_tokens as et  # noqa: E402
 from icrl_interp.models.ad_transformer import ADConfig, ADTransformer  # noqa: E402
 from icrl_interp.models.closed_loop import ModelPolicy  # noqa: E402
 from icrl_interp.tasks import collect as C  # noqa: E402
+from icrl_interp.tasks import learners  # noqa: E402
 from icrl_interp.tasks.episodes import ARRAYS, read_episodes  # noqa: E402
 
 from test_doc_commands import argv_of, doc_commands  # noqa: E402
@@ -62,7 +63,7 @@ def test_sampled_actions_are_collects_draws_from_its_softmax_and_a_history_is_th
     probs = pmap.to_steps(p)  # [H, T, A]
     for h in range(4):
         u = np.random.default_rng(np.random.SeedSequence(5, spawn_key=(h, 1))).random(12)
-        assert np.array_equal(C.sample(probs[h], u), eps.actions[h])
+        assert np.array_equal(learners.sample(probs[h], u), eps.actions[h])
     assert not np.array_equal(eps.actions, probs.argmax(-1))  # it samples, not argmax
     alone = C.collect(DARK, ModelPolicy(model), histories=[2], steps=12, seed=5, env_kwargs=ROOM)
     assert all(np.array_equal(getattr(alone, n)[0], getattr(eps, n)[2]) for n in ARRAYS)

@@ -13,6 +13,7 @@ pytest.importorskip("gymnasium")
 
 from icrl_interp import cli  # noqa: E402
 from icrl_interp.tasks import collect as C  # noqa: E402
+from icrl_interp.tasks import learners  # noqa: E402
 from icrl_interp.tasks.episodes import ARRAYS, read_episodes  # noqa: E402
 
 from helpers import raises_user, se_tolerance  # noqa: E402
@@ -80,7 +81,7 @@ def test_a_learning_agent_learns_and_epsilon_sets_its_exploration():
 
 def test_sample_and_epsilon_greedy_known_answers():
     p = np.tile([[0.2, 0.3, 0.5]], (5, 1))
-    np.testing.assert_array_equal(C.sample(p, np.array([0.1, 0.2, 0.49, 0.51, 0.99])), [0, 0, 1, 2, 2])
+    np.testing.assert_array_equal(learners.sample(p, np.array([0.1, 0.2, 0.49, 0.51, 0.99])), [0, 0, 1, 2, 2])
     np.testing.assert_allclose(C.epsilon_greedy(np.array([[1.0, 3.0, 3.0], [0.0, -1.0, 2.0]]), 0.3),
                                [[0.1, 0.45, 0.45], [0.1, 0.1, 0.8]], rtol=0, atol=4 * np.finfo(float).eps)
 
