@@ -46,7 +46,17 @@ def analyze(path_or_model, task=None, **options) -> dict:
 def verdict(source=None, **options) -> dict:
     """Which candidate RL algorithm a model runs: the verdict JSON (`icrl_interp.verdict/2`) of a recording, or
     of a model (`model=`, with `task=` when there is no recording; then with causal evidence); see
-    `icrl_interp.verdicts.causal_evidence.verdict` and docs/verdict.md."""
+    `icrl_interp.verdicts.causal_evidence.verdict` and docs/verdict.md. An episode recording (`record --episodes`)
+    gets the episode verdict (`icrl_interp.episode_verdict/2`: `verdicts.episode_evidence.verdict_on_recording`,
+    whose options it takes)."""
+    from .analyzers.episode_recording import is_episode_recording
+
+    if source is not None and is_episode_recording(source):
+        from .analyzers.episode_recording import open_episode_recording
+        from .verdicts.episode_evidence import verdict_on_recording
+
+        with open_episode_recording(source) as rec:
+            return verdict_on_recording(rec, source=str(source), **options)
     from .verdicts.causal_evidence import verdict as _verdict
 
     return _verdict(source, **options)

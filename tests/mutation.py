@@ -60,6 +60,8 @@ GROUPS: dict[str, list[str]] = {
                   "icrl_interp/recording/recorder.py::_prepare*", "icrl_interp/recording/recorder.py::_record_file",
                   "icrl_interp/recording/recorder.py::_record_sharded*", "icrl_interp/recording/recorder.py::_stream",
                   "icrl_interp/recording/recorder.py::_check_positive",
+                  "icrl_interp/recording/episodes.py::_record_file", "icrl_interp/recording/episodes.py::_record_sharded*",
+                  "icrl_interp/recording/episodes.py::_Job*",
                   "icrl_interp/train/trainer.py::list_checkpoints", "icrl_interp/train/trainer.py::save_checkpoint",
                   "icrl_interp/train/trainer.py::load_resume_state", "icrl_interp/train/trainer.py::_truncate_metrics",
                   "icrl_interp/train/trainer.py::is_run_dir"],

@@ -33,7 +33,8 @@ it lacks), and one that fails never drops the others. `sections` sums this up pe
 `analyze_model(model, task)` is the live analysis: the model runs over the prompts `icrl_interp.record`
 would record and the same analyzers read the stream of batches (`icrl_interp.recording.live`); the result is the
 analysis of that recording, field for field, except `source` (the model's name), `kind` ('live') and
-the extra `live` object (docs/analyzers.md, "Live analysis").
+the extra `live` object (docs/analyzers.md, "Live analysis"): bit for bit when both are read in the same
+chunks, within float64 rounding with the same probe penalties in the default ones (`CHUNK_MIB`).
 
 Fields added to `icrl_interp.analysis/1` (all optional for readers):
   task_family   the task's registered family (None: prompts of no known task, or TL weights);
@@ -68,12 +69,22 @@ from .streams import TASK_KEY
 SCHEMA = "icrl_interp.analysis/1"
 
 
+CHUNK_MIB = {"live": 16.0}
+"""The chunk budget where `--chunk-mib` is not given, by input kind: 16 MiB in a live analysis (its peak
+memory then grows <= 1.2x from 1,000 to 100,000 prompts, docs/benchmarks.md; a chunk read from the forward
+pass costs nothing to cut smaller), DEFAULT_CHUNK_MIB otherwise (fewer, larger reads of a file). The TD
+probes choose the same penalties for any chunk size (`td_probe.tied_choice`), so a live analysis and the
+analysis of its recording agree within float64 rounding."""
+DEFAULT_CHUNK_MIB = 128.0
+
+
 @dataclass
 class AnalyzeOptions:
     """Knobs of one analysis (defaults are what the CLI uses)."""
 
-    chunk_mib: float = 128.0
-    """Memory budget for one chunk of prompts read from a recording, in MiB."""
+    chunk_mib: float | None = None
+    """Memory budget for one chunk of prompts read from a recording, in MiB (none: 128, or 16 in a live
+    analysis)."""
     test_fraction: float = 0.25
     """Fraction of tasks held out to score the TD probes and the tuned-lens readouts."""
     folds: int = 5
@@ -206,7 +217,8 @@ def _stream(ctx: Context, streams: dict) -> None:
     paths = set().union(*(s.paths for s in streams.values())) | {"prompts/task_id"}  # the per-task values
     paths = sorted(p for p in paths if p in f)
     row_bytes = sum(int(np.prod(f[p].shape[1:])) * 8 for p in paths)  # as float64 in memory
-    rows = inputs.chunk_rows(row_bytes * 2, int(opts.chunk_mib * 2**20), ctx.facts.N)  # x2: copies, temporaries
+    budget = opts.chunk_mib if opts.chunk_mib is not None else CHUNK_MIB.get(ctx.kind, DEFAULT_CHUNK_MIB)
+    rows = inputs.chunk_rows(row_bytes * 2, int(budget * 2**20), ctx.facts.N)  # x2: copies, temporaries
     for start, stop, data in inputs.iter_chunks(rec, paths, rows, opts.progress):
         data[TASK_KEY] = data["prompts/task_id"] if "prompts/task_id" in data else np.arange(start, stop)
         chunk = Chunk(start, stop, data)

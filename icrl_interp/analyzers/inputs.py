@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..core import threads
 from ..core.errors import UserError
 from ..core.outputs import HDF5_MAGIC
 from ..families import registry
@@ -32,9 +33,12 @@ CAUSAL_MAX_BYTES = 64 << 20
 """A .json file above this size found while scanning a directory is not read (a causal JSON is a few kB)."""
 VERDICT_SCHEMA = "icrl_interp.verdict/2"
 """Top-level `schema` of a verdict JSON (`verdicts.behaviour.SCHEMA`, written by `icrl-interp verdict --json`)."""
-EPISODE_VERDICT_SCHEMA = "icrl_interp.episode_verdict/1"
-"""Top-level `schema` of a behavioural verdict on episodes (`verdicts.behaviour_fit`, `verdict --episodes --json`)."""
-VERDICT_SCHEMAS = (VERDICT_SCHEMA, "icrl_interp.verdict/1", EPISODE_VERDICT_SCHEMA)
+EPISODE_VERDICT_SCHEMA = "icrl_interp.episode_verdict/2"
+"""Top-level `schema` of a verdict on episodes (`verdicts.behaviour_fit`, `verdict --episodes --json` or `verdict
+REC.h5 --json` of an episode recording)."""
+EPISODE_VERDICT_SCHEMAS = (EPISODE_VERDICT_SCHEMA, "icrl_interp.episode_verdict/1")
+"""The episode verdict schemas read (version 2 adds a baseline and the representation evidence to version 1)."""
+VERDICT_SCHEMAS = (VERDICT_SCHEMA, "icrl_interp.verdict/1", *EPISODE_VERDICT_SCHEMAS)
 """The verdict schemas read (version 2 adds fields to version 1: fitted parameters, decoys, OOD checks; the episode
 verdict has candidates and a verdict but no layers: `report.verdict.html_table` shows it as its own table)."""
 SKIP_DIRS = ("cache",)
@@ -300,8 +304,9 @@ class ReadAhead:
 def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False) -> Iterator[tuple[int, int, dict]]:
     """(start, stop, {path: rows}) for consecutive chunks of prompts (bfloat16 decoded to float32).
 
-    Dataset handles and their dtype attributes are looked up once, not per chunk, and
-    the next chunk is prefetched (ReadAhead) while the caller works on this one.
+    Dataset handles and their dtype attributes are looked up once, not per chunk; while the caller works on
+    a chunk, the next one is read in a thread where a core is spare (`threads.ahead`) and the OS fetches the
+    one after it (ReadAhead).
     """
     from tqdm.auto import tqdm
 
@@ -316,21 +321,26 @@ def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False) -> Ite
         ds = rec.f[p]
         dtype = ds.attrs.get("dtype", "")
         handles[p] = (ds, (dtype.decode() if isinstance(dtype, bytes) else str(dtype)) == BF16)
+    def read(start: int) -> tuple[int, int, dict]:
+        stop = min(start + rows, N)
+        data = {}
+        for p, (ds, bf16) in handles.items():
+            raw = ds[start:stop]
+            data[p] = bf16_to_float32(raw) if bf16 else raw
+        ahead.hint(stop, stop + rows)
+        return start, stop, data
+
     ahead = ReadAhead(rec.path, [ds for ds, _ in handles.values()])
     bar = tqdm(total=N, unit="prompt", desc=f"analyze {rec.path.name}", disable=not progress, leave=False)
+    chunks = threads.ahead(read, range(0, N, rows))  # the next chunk read meanwhile
     try:
         ahead.hint(0, rows)
-        for start in range(0, N, rows):
-            stop = min(start + rows, N)
-            data = {}
-            for p, (ds, bf16) in handles.items():
-                raw = ds[start:stop]
-                data[p] = bf16_to_float32(raw) if bf16 else raw
-            ahead.hint(stop, stop + rows)
+        for start, stop, data in chunks:
             yield start, stop, data
             del data
             release_free_memory()  # the chunk's arrays are freed: keep peak memory flat in the prompts
             bar.update(stop - start)
     finally:
+        chunks.close()  # the reader thread ends before the file handles close
         bar.close()
         ahead.close()

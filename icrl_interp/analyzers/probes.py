@@ -46,6 +46,13 @@ def td_direction(hints: Hints | None, layout: PromptLayout | None) -> np.ndarray
     return v
 
 
+def as_slice(idx: np.ndarray):
+    """Consecutive indices as a slice (indexing gives a view, not a copy); other indices as they are."""
+    if idx.size and np.array_equal(idx, np.arange(idx[0], idx[0] + idx.size)):
+        return slice(int(idx[0]), int(idx[0]) + idx.size)
+    return idx
+
+
 class ProbeTargets:
     """What every probe is regressed on, per context column c: the reference TD error delta_k at
     EVERY reference step k (`reference/td_errors[:, k, c]`), and the reference value v_k
@@ -84,6 +91,7 @@ class ColumnGroup:
 
     def __init__(self, cols: np.ndarray, d_in: int | None, n_targets: int, folds: int):
         self.cols, self.T = cols, n_targets
+        self.take = as_slice(cols)
         self.acc = None if d_in is None else td_probe.ProbeAccumulator(d_in, n_targets, folds)
         self.fit = None
         self.sums = None
@@ -91,25 +99,25 @@ class ColumnGroup:
 
     def update(self, data: dict, split: "ChunkSplit") -> None:
         """Build the chunk's targets (real, then the partner's) once for every probe on these columns."""
-        self.block = td_probe.TargetBlock([split.Y[:, self.cols], split.Ys[:, self.cols]], split.grouping, self.y0)
+        self.block = td_probe.TargetBlock([split.Y[:, self.take], split.Ys[:, self.take]], split.grouping, self.y0)
         self.y0 = self.block.y0
         if self.acc is not None:
-            self.acc.update(data["prompts/z"][:, self.cols], self.block)
+            self.acc.update(data["prompts/z"][:, self.take], self.block)
 
     def start_scoring(self, n_tasks: int) -> None:
         self.fit = None if self.acc is None else self.acc.result()
         z = lambda w=self.T: np.zeros((n_tasks, w))  # noqa: E731
         self.sums = {"n": z(1), "n_prompts": z(1), "sy": z(), "syy": z(), "sys": z(), "syys": z(), "sse_input": z()}
 
-    def score(self, data: dict, slot: np.ndarray, ok: np.ndarray, Y: np.ndarray, Ys: np.ndarray) -> None:
-        y, ys = Y[ok][:, self.cols], Ys[ok][:, self.cols]
+    def score(self, data: dict, slot: np.ndarray, Y: np.ndarray, Ys: np.ndarray) -> None:
+        y, ys = Y[:, self.take], Ys[:, self.take]
         s = self.sums
         np.add.at(s["n"], slot, float(self.cols.size))
         np.add.at(s["n_prompts"], slot, 1.0)
         for key, v in (("sy", y.sum(1)), ("syy", (y * y).sum(1)), ("sys", ys.sum(1)), ("syys", (ys * ys).sum(1))):
             np.add.at(s[key], slot, v)
         if self.fit is not None:
-            X = data["prompts/z"][ok][:, self.cols]
+            X = data["prompts/z"][:, self.take]
             np.add.at(s["sse_input"], slot, td_probe.residual_sums(X, y, self.fit["coef"], self.fit["intercept"]))
 
 
@@ -140,10 +148,9 @@ class ProbeStream:
             keep = np.nonzero(p < n)[0]
             if keep.size == 0:
                 raise ValueError("no context column is recorded")
-            self.src, self.cols = keep, p[keep]
-            if np.array_equal(keep, np.arange(keep[0], keep[0] + keep.size)):
-                self.src = slice(int(keep[0]), int(keep[0]) + keep.size)  # a view, not a copy
+            self.src, self.cols = as_slice(keep), p[keep]
             F = int(np.prod(shape[2:]))
+        self.take = as_slice(self.cols)
         self.acc = td_probe.ProbeAccumulator(F, 2 * n_targets, folds)  # targets, then the partner's
         self.base_path = None
         self.base = None
@@ -159,8 +166,8 @@ class ProbeStream:
         self.fits = None
         self.sums = None
 
-    def features(self, data: dict, path: str, rows=slice(None)) -> np.ndarray:
-        act = data[path][rows]
+    def features(self, data: dict, path: str) -> np.ndarray:
+        act = data[path]
         if self.kind == "scores":
             return np.moveaxis(act[:, :, self.q_last, : self.n], 1, -1)  # [B, n, heads]
         X = act[:, self.src]
@@ -177,27 +184,17 @@ class ProbeStream:
         self.baselines = ["input"] * (self.group.fit is not None) + ["random_init"] * (self.base is not None) + ["shuffled"]
         self.ci = np.full((2, self.T), np.nan)
 
-    def selectivity(self, gs: dict, ps: dict) -> np.ndarray:
-        """R^2 - max(baselines) from summed residuals (`ps`: this probe's; `gs`: its column group's
-        target sums and input-baseline residuals), per target; leading axes are kept (resamples)."""
-        real = (gs["n"], gs["sy"], gs["syy"])
-        r2 = {"input": td_probe.r2_of_sums(gs["sse_input"], *real),
-              "random_init": td_probe.r2_of_sums(ps["sse_random_init"], *real),
-              "shuffled": td_probe.r2_of_sums(ps["sse_shuffled"], gs["n"], gs["sys"], gs["syys"])}
-        base = np.stack([r2[b] for b in self.baselines], -2)
-        return td_probe.r2_of_sums(ps["sse"], *real) - td_probe.max_baseline(base)
-
-    def score(self, data: dict, slot: np.ndarray, ok: np.ndarray, Y: np.ndarray, Ys: np.ndarray) -> None:
-        y, ys = Y[ok][:, self.cols], Ys[ok][:, self.cols]
+    def score(self, data: dict, slot: np.ndarray, Y: np.ndarray, Ys: np.ndarray) -> None:
+        y, ys = Y[:, self.take], Ys[:, self.take]
         fit = self.fits["model"]
-        sse = td_probe.residual_sums(self.features(data, self.path, ok), np.concatenate([y, ys], -1),
+        sse = td_probe.residual_sums(self.features(data, self.path), np.concatenate([y, ys], -1),
                                      fit["coef"], fit["intercept"])
         np.add.at(self.sums["sse"], slot, sse[:, : self.T])
         np.add.at(self.sums["sse_shuffled"], slot, sse[:, self.T :])
         if self.base is not None:
             fit = self.fits["random_init"]
             np.add.at(self.sums["sse_random_init"], slot,
-                      td_probe.residual_sums(self.features(data, self.base_path, ok), y, fit["coef"], fit["intercept"]))
+                      td_probe.residual_sums(self.features(data, self.base_path), y, fit["coef"], fit["intercept"]))
 
     def result(self, names: list[str], task_ids: np.ndarray, max_tasks: int) -> dict:
         """The probe's JSON entry: the headline numbers for the target the hook's layer matches
@@ -237,6 +234,17 @@ class ProbeStream:
                                "sse_input": gs["sse_input"][:, main].tolist() if g.fit is not None else None,
                                "sse_random_init": s["sse_random_init"][:, main].tolist() if self.base is not None else None}
         return out
+
+
+def selectivity(s: dict, has_input, has_random_init) -> np.ndarray:
+    """R^2 - max(baselines) from summed residuals and target sums `s` (the keys of `ColumnGroup.sums` and
+    `ProbeStream.sums`, arrays of any shape ending in targets: [resamples, probes, targets] in `_intervals`),
+    per target; a baseline a probe has not got (`has_*` False, broadcast against the arrays) is left out."""
+    real = (s["n"], s["sy"], s["syy"])
+    base = np.stack([np.where(has_input, td_probe.r2_of_sums(s["sse_input"], *real), np.nan),
+                     np.where(has_random_init, td_probe.r2_of_sums(s["sse_random_init"], *real), np.nan),
+                     td_probe.r2_of_sums(s["sse_shuffled"], s["n"], s["sys"], s["syys"])], -2)
+    return td_probe.r2_of_sums(s["sse"], *real) - td_probe.max_baseline(base)
 
 
 def _num(x) -> float | None:
@@ -381,12 +389,11 @@ class ProbeSet:
         for p in self.probes.values():
             p.start_scoring(ids.size)
         for data, task, Y, Ys in self._held_blocks(rec, rows, test, mates):
-            ok = np.ones(task.size, dtype=bool)
             slot = np.searchsorted(ids, task)
             for g in self.groups.values():
-                g.score(data, slot, ok, Y, Ys)
+                g.score(data, slot, Y, Ys)
             for p in self.probes.values():
-                p.score(data, slot, ok, Y, Ys)
+                p.score(data, slot, Y, Ys)
         if ids.size >= td_probe.MIN_CI_TASKS:
             self._intervals()
 
@@ -394,22 +401,27 @@ class ProbeSet:
         """Percentile bootstrap over held-out tasks of every probe's selectivity, per target: each
         resample recomputes every R^2 (probe and baselines, so also which baseline is the largest)
         from the resampled per-task sums. All sums sit side by side in one matrix, so one product
-        per block of resamples serves every probe."""
+        per block of resamples serves every probe, and every probe's selectivity is computed at once
+        ([resamples, probes, targets]: each probe's columns, and its group's, picked by index)."""
         owners = list(self.groups.values()) + list(self.probes.values())
         blocks, where, at = [], {}, 0
         for obj in owners:
             for name, arr in obj.sums.items():
-                where[(id(obj), name)] = slice(at, at + arr.shape[1])
+                where[(id(obj), name)] = np.arange(at, at + arr.shape[1])
                 at += arr.shape[1]
                 blocks.append(arr)
         M = np.concatenate(blocks, 1)
-        view = lambda S, obj: {name: S[:, where[(id(obj), name)]] for name in obj.sums}  # noqa: E731
-        samples = {id(p): [] for p in self.probes.values()}
-        for S in td_probe.resampled_sums(M, self.opts.seed):
-            for p in self.probes.values():
-                samples[id(p)].append(p.selectivity(view(S, p.group), view(S, p)))
-        for p in self.probes.values():
-            p.ci = td_probe.percentile_interval(np.concatenate(samples[id(p)]), td_probe.LEVEL)
+        probes = list(self.probes.values())
+        T = probes[0].T
+        idx = {name: np.stack([np.broadcast_to(where[(id(p.group), name)], T) for p in probes])  # "n": one column
+               for name in probes[0].group.sums}
+        idx.update({name: np.stack([where[(id(p), name)] for p in probes]) for name in probes[0].sums})
+        has = (np.array([[p.group.fit is not None] for p in probes]), np.array([[p.base is not None] for p in probes]))
+        samples = np.concatenate([selectivity({name: S[:, i] for name, i in idx.items()}, *has)
+                                  for S in td_probe.resampled_sums(M, self.opts.seed)])
+        ci = td_probe.percentile_interval(samples.reshape(len(samples), -1), td_probe.LEVEL).reshape(2, len(probes), T)
+        for i, p in enumerate(probes):
+            p.ci = ci[:, i]
 
     def result(self, layer: int, hook: str) -> dict:
         return self.probes[(layer, hook)].result(self.targets.names, self.task_ids, self.opts.per_task_max)

@@ -27,23 +27,34 @@ def read_rows(rec, paths: list[str], rows: np.ndarray, chunk: int):
     prompts (so memory stays within its budget; bfloat16 decoded). A chunk holding a fair share of
     the rows (>= 1/16: the usual 25% held out) is read as one slice and subset, which HDF5 does much
     faster than a point selection; a sparse one (a small probed subset of a large file) by index."""
+    from ..core import threads
+
     which = rows // chunk
-    for c in np.unique(which):
-        idx = rows[which == c]
-        yield idx, read_at(rec, paths, idx)
+    handles = _handles(rec, paths)  # looked up once: an h5py lookup costs as much as a small read
+    yield from threads.ahead(lambda idx: (idx, _read(handles, idx)), [rows[which == c] for c in np.unique(which)])
 
 
 def read_at(rec, paths: list[str], idx: np.ndarray) -> dict:
     """{path: rows idx} (sorted, unique): one slice when they are dense (>= 1/16 of their span), else
     by index; bfloat16 decoded."""
-    from ..recording.format import BF16, bf16_to_float32
+    return _read(_handles(rec, paths), idx)
+
+
+def _handles(rec, paths: list[str]) -> list[tuple]:
+    """(path, dataset, whether its values are bfloat16 bit patterns) per path."""
+    from ..recording.format import BF16
+
+    return [(p, rec.f[p], dtype_attr(rec.f[p]) == BF16) for p in paths]
+
+
+def _read(handles: list[tuple], idx: np.ndarray) -> dict:
+    from ..recording.format import bf16_to_float32
 
     lo, hi = int(idx[0]), int(idx[-1]) + 1
     data = {}
-    for p in paths:
-        ds = rec.f[p]
+    for p, ds, bf16 in handles:
         raw = ds[lo:hi][idx - lo] if 16 * idx.size >= hi - lo else ds[idx]
-        data[p] = bf16_to_float32(raw) if dtype_attr(ds) == BF16 else raw
+        data[p] = bf16_to_float32(raw) if bf16 else raw
     return data
 
 

@@ -34,13 +34,21 @@ accumulator per column set, `probes.ColumnGroup`). Per chunk a probe adds its fe
 per fold (`numpy_products`, or `TorchProducts` on the model's device in a live analysis on a GPU:
 one batched GEMM for every fold).
 
-Floats: the statistics are always accumulated in float64 across chunks (`ProbeAccumulator.G`). Within
-a chunk, X^T X is computed in the features' own dtype, shifted by their first kept samples' mean
-(float32 activations: a float32 GEMM, whose relative rounding, ~sqrt(rows) eps32, is the order of the
-activations' own float32 rounding) and X^T Y in float64; float64 activations (the input baseline,
-float64 recordings) are float64 throughout. `TorchProducts` follows the same rule with its GEMM in one
-dtype (float32 features: X^T Y in float32 too), and agrees with the numpy path within k eps of that
-dtype at the products' scale (tests/analyzers/test_td_probe_gemm.py).
+Floats: the statistics are always accumulated in float64 across chunks (`ProbeAccumulator.G`), and on
+the CPU (`numpy_products`) every product is float64 too: the features, float32 activations included, are
+shifted by their first kept samples' mean and cast to float64 once per chunk. A float32 X^T X would be as
+fast but made the statistics depend on the chunking: between two chunk sizes the CV errors of the
+penalties moved by up to 3e-5 of their scale (float32 rounding of sums over a chunk's ~30,000 rows,
+measured on a softmax-td recording), against <= 2e-15 in float64, so a live analysis (small chunks) and
+the analysis of its file would pick different penalties where the CV curve is flat (`tied_choice`).
+`TorchProducts` (a live analysis on a GPU) runs its GEMMs in float64 too by default, and agrees with the
+numpy path within k eps of its dtype at the products' scale (tests/analyzers/test_td_probe_gemm.py); its
+float32 option is faster on GPUs without float64 units but moves the CV errors by float32 rounding, more
+than the tie tolerance absorbs, so its penalties may differ from the file's where the curve is flat.
+
+The penalty: K-fold CV over the training folds picks, per target, the smallest penalty whose CV error is
+within rounding of the least (`tied_choice`), so that the choice does not depend on how the prompts were
+cut into chunks.
 """
 from __future__ import annotations
 
@@ -58,6 +66,10 @@ Array = np.ndarray
 
 ALPHA_GRID = np.logspace(-10, 2, 13)
 """Ridge penalties tried, relative to the mean feature variance times the sample count."""
+EPS64 = float(np.finfo(np.float64).eps)
+TIE_EPS = 2.0**26
+"""Penalties whose CV error exceeds the least by at most TIE_EPS float64 epsilons (1.5e-8) times the CV
+error of the constant prediction are tied (`tied_choice`, where the number is justified)."""
 MIN_UNIT = 1e-280
 """Floor of that unit (features that never vary have variance 0): every penalty stays a normal float, so the
 solve gives coefficients 0 (the mean probe); a denormal penalty's reciprocal overflows and makes them NaN."""
@@ -224,10 +236,46 @@ class RidgeStats:
         return math.nan if sst == 0.0 or self.n == 0 else 1.0 - self.sse(coef, intercept) / sst
 
 
+def tied_choice(cv: Float[Array, "a t"], scale: Float[Array, " t"]) -> Int[Array, " t"]:
+    """Per target (column), the index of the smallest penalty (rows: penalties in increasing order) whose
+    CV error exceeds the least by at most TIE_EPS * eps64 * scale; `scale` is the CV error of the constant
+    prediction (the training folds' mean, i.e. an infinite penalty), what a cross-validated R^2 is
+    relative to.
+
+    Why a tolerance: the CV error of a penalty is a sum over folds of quadratic forms w^T G_f w of
+    statistics summed over chunks. Cutting the same prompts into other chunks (a live analysis's small
+    chunks against its file's large ones: another order of the float sums and another shift x0) moves
+    the computed errors by a few eps64 times the size of the forms' terms. Where the curve is flat to
+    that level (features that hold the target exactly, or nothing of it: the shuffled control), the
+    strict argmin then picks another penalty for another chunking, and the R^2 moved by up to 0.08
+    (measured). Why this size: penalties closer than the tolerance are called equal, so the choice can
+    still change only where the *difference* between a penalty's error and the least lies within its own
+    rounding movement m of the tolerance's edge; as the grid's errors grow about 10x per step where a
+    curve leaves its flat part, that happens for about 2 m / (tolerance ln 10) of the targets. Measured
+    between 0.5-2 MiB and 128 MiB chunks on recordings of the shipped linear-td and softmax-td checkpoints
+    (846 targets, float64 products), the differences from the least moved by a median 7 and at most
+    6.2e3 eps64 * scale (the forms' terms exceed the scale where x0 is far from a fold's mean, or the
+    fit is poor). TIE_EPS = 2^26 (1.5e-8 of the scale) puts the edge 1e4 times above the largest, so
+    at most ~1 target in 10^4 can change sides (the closest of the 846 sat 0.14 % from the edge, 15 times
+    the largest movement), and it is still far below any difference of fit a reported R^2 shows (a tied
+    penalty's CV R^2 is within 1.5e-8 of the best's). Why the smallest: the least regularized of the fits
+    equally good up to rounding, which is the old rule's choice wherever the least was clear, and for a
+    probe that holds its target exactly the smallest penalty, whose coefficients keep the construction's
+    direction (the largest tied penalty shrank the low-variance directions: the softmax-td theta* probe's
+    direction cosine fell from 1 to 0.9997 while its CV R^2 stayed within 1e-8). Float32 GEMMs
+    (`TorchProducts(dtype="float32")`) move the errors by float32 rounding, ~1e-5 of the scale: more than
+    this tolerance absorbs."""
+    cols = np.arange(cv.shape[1])
+    low = cv[np.argmin(cv, axis=0), cols]
+    tied = cv <= low + TIE_EPS * EPS64 * scale
+    return np.argmax(tied, axis=0)  # the first tied row (the least itself is tied)
+
+
 def select_alpha(folds: list[RidgeStats]) -> tuple[float, RidgeStats]:
-    """The penalty with the least K-fold CV error (leaving out one training fold at a time) and
-    the pooled training statistics. Penalties are ALPHA_GRID times the mean feature variance
-    times the sample count; one eigendecomposition per fold serves every penalty."""
+    """The penalty with the least K-fold CV error (leaving out one training fold at a time), up to
+    rounding (`tied_choice`: the smallest of those within it), and the pooled training statistics.
+    Penalties are ALPHA_GRID times the mean feature variance times the sample count; one
+    eigendecomposition per fold serves every penalty."""
     train = folds[0]
     for st in folds[1:]:
         train = train + st
@@ -235,7 +283,7 @@ def select_alpha(folds: list[RidgeStats]) -> tuple[float, RidgeStats]:
         raise UserError("too few training tasks for a ridge probe")
     unit = max(float(np.trace(train.centred()[0])) / train.n_features, MIN_UNIT)
     alphas = unit * ALPHA_GRID
-    cv = np.zeros(len(alphas))
+    cv, scale = np.zeros((len(alphas), 1)), np.zeros(1)
     for held in folds:
         rest = train - held
         if held.n == 0 or rest.n < 2:
@@ -246,8 +294,9 @@ def select_alpha(folds: list[RidgeStats]) -> tuple[float, RidgeStats]:
         for i, a in enumerate(alphas):
             coef = U @ (proj / (np.maximum(lam, 0.0) + a))
             cv[i] += held.sse(coef, rest._intercept(coef))
-    best = int(np.argmin(cv))  # the first (smallest) penalty among ties
-    return float(alphas[best]), train
+        zero = np.zeros(train.n_features)
+        scale += held.sse(zero, rest._intercept(zero))  # the constant prediction (tied_choice)
+    return float(alphas[tied_choice(cv, scale)[0]]), train
 
 
 def fold_grouping(fold: Int[Array, " batch"], keep: Bool[Array, " batch"], k: int):
@@ -278,16 +327,17 @@ class TargetBlock:
         if self.rows.size:
             self.Yz -= self.y0
         parts = [self.Yz[self.bounds[f] : self.bounds[f + 1]] for f in range(len(bounds) - 1)]
-        self.sums = [p.sum(0) for p in parts]
-        self.squares = [np.einsum("ij,ij->j", p, p) for p in parts]
+        self.sums = np.stack([p.sum(0) for p in parts])  # [folds + 1, width]: stacked once for every probe
+        self.squares = np.stack([np.einsum("ij,ij->j", p, p) for p in parts])
 
 
 def numpy_products(X: np.ndarray, rows: np.ndarray, x0: np.ndarray, Y: np.ndarray, bounds: np.ndarray):
     """(X_f^T X_f [f, F, F], X_f^T Y_f [f, F, T], column sums of X_f [f, F]) of every fold f, float64,
     where X_f are the samples bounds[f]:bounds[f+1] of X[rows] (prompts sorted by fold, each with its
-    columns) shifted by x0, and Y_f the same rows of Y. Folds with no samples give zeros."""
+    columns) shifted by x0, and Y_f the same rows of Y. Folds with no samples give zeros. Every product
+    is float64 whatever X's dtype (the module's note on floats)."""
     F, folds = X.shape[-1], len(bounds) - 1
-    Xz = X[rows].reshape(-1, F) - x0  # rows sorted by fold, so each fold is a slice
+    Xz = np.subtract(X[rows].reshape(-1, F), x0, dtype=np.float64)  # rows sorted by fold: each fold a slice
     XX, XY, sx = np.zeros((folds, F, F)), np.zeros((folds, F, Y.shape[1])), np.zeros((folds, F))
     for f in range(folds):
         lo, hi = bounds[f], bounds[f + 1]
@@ -301,15 +351,15 @@ class TorchProducts:
     """`numpy_products` with torch on `device`, as one batched GEMM per chunk: the fold-sorted samples
     padded to [folds, m, F + 1 + T] (zero rows add nothing), Z_f^T [X_f | 1 | Y_f] gives X^T X, the
     column sums and X^T Y of every fold at once. The shift by x0 is done in float64, the GEMM in
-    `dtype` (None: float32 for float32 features, else float64; the module's note on floats), and the
+    `dtype` (float64 unless told "float32"; the module's note on floats), and the
     results come back as float64 numpy for the accumulator. Live analysis on a GPU uses it (`on_device`); on the CPU the
-    numpy path stays, so that a live analysis equals the recording's bit for bit."""
+    numpy path stays, so that a live analysis equals the recording's analyzed in the same chunks bit for bit."""
 
-    def __init__(self, device="cpu", dtype: str | None = None):
+    def __init__(self, device="cpu", dtype: str = "float64"):
         import torch
 
         self.torch, self.device = torch, torch.device(device)
-        self.dtype = None if dtype is None else getattr(torch, dtype)
+        self.dtype = getattr(torch, dtype)
 
     def __call__(self, X: np.ndarray, rows: np.ndarray, x0: np.ndarray, Y: np.ndarray, bounds: np.ndarray):
         torch, dev = self.torch, self.device
@@ -318,7 +368,7 @@ class TorchProducts:
         counts = torch.as_tensor(np.diff(bounds), device=dev)
         fold = torch.repeat_interleave(torch.arange(folds, device=dev), counts)
         at = torch.arange(x.shape[0], device=dev) - torch.as_tensor(bounds[:-1], device=dev)[fold]
-        dtype = self.dtype or (torch.float32 if X.dtype == np.float32 else torch.float64)
+        dtype = self.dtype
         Z = torch.zeros((folds, max(int(counts.max()), 1), F + 1 + T), dtype=dtype, device=dev)
         Z[fold, at, :F] = (x.to(torch.float64) - torch.as_tensor(x0, dtype=torch.float64, device=dev)).to(dtype)
         Z[fold, at, F] = 1.0
@@ -389,8 +439,8 @@ class ProbeAccumulator:
         G[:, :F, F : F + T] += XY
         G[:, :F, -1] += sx
         G[:, -1, :F] += sx
-        G[:, -1, F : F + T] += np.stack(tb.sums[:folds])[:, :T]
-        G[:, diag, diag] += np.stack(tb.squares[:folds])[:, :T]
+        G[:, -1, F : F + T] += tb.sums[:folds, :T]
+        G[:, diag, diag] += tb.squares[:folds, :T]
         G[:, -1, -1] += np.diff(bounds)
 
     def _gram(self) -> np.ndarray:
@@ -413,10 +463,34 @@ class ProbeAccumulator:
         W = np.vstack([-coef, np.eye(self.n_targets), -b0[None]])
         return np.maximum(((G @ W) * W).sum(0), 0.0)
 
+    def cv_errors(self, G: np.ndarray, alphas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(CV error [A, T] of every penalty and target, CV error [T] of the constant prediction): the
+        residuals of each training fold of `G` ([k + 1 folds, ...], the _gram) under the fit to the other
+        training folds, summed over folds (the constant one: an infinite penalty, coefficients 0, for
+        `tied_choice`). One eigendecomposition per fold, one product per fold for every penalty and target."""
+        F, T, k = self.n_features, self.n_targets, self.k
+        train = G[:k].sum(0)
+        alphas = np.append(alphas, np.inf)  # the last row: the constant prediction (coef / inf = 0)
+        cv = np.zeros((len(alphas), T))
+        for held in G[:k]:
+            rest = train - held
+            if held[-1, -1] == 0 or rest[-1, -1] < 2:
+                continue
+            _, rmx, rmy, rxx, rxy = self._centred(rest)
+            lam, U = np.linalg.eigh(rxx)
+            coef = U @ ((U.T @ rxy) / (np.maximum(lam, 0.0)[:, None] + alphas[:, None, None]))  # [A, F, T]
+            W = np.empty((F + T + 1, len(alphas), T))  # w_(a, t) = (-coef_a,t, e_t, -b0_a,t), as in _sse
+            W[:F] = -np.moveaxis(coef, 1, 0)
+            W[F : F + T] = np.eye(T)[:, None, :]
+            W[-1] = -(rmy - rmx @ coef)
+            W = W.reshape(F + T + 1, -1)
+            cv += np.maximum(((held @ W) * W).sum(0), 0.0).reshape(cv.shape)
+        return cv[:-1], cv[-1]
+
     def result(self) -> dict:
         """Per target: the penalty chosen by K-fold CV over the training folds (ALPHA_GRID times the
-        mean feature variance times the sample count; one eigendecomposition per fold serves every
-        penalty and target), the training fit, and its held-out sse / sst / R^2 on fold k."""
+        mean feature variance times the sample count; the smallest within rounding of the least CV error,
+        `tied_choice`), the training fit, and its held-out sse / sst / R^2 on fold k."""
         F, T, k = self.n_features, self.n_targets, self.k
         G = self._gram()
         test, train = G[k], G[:k].sum(0)
@@ -426,18 +500,7 @@ class ProbeAccumulator:
             raise UserError("too few training tasks for a ridge probe")
         n, mx, my, cxx, cxy = self._centred(train)
         alphas = max(float(np.trace(cxx)) / F, MIN_UNIT) * ALPHA_GRID
-        cv = np.zeros((len(alphas), T))
-        for held in G[:k]:
-            rest = train - held
-            if held[-1, -1] == 0 or rest[-1, -1] < 2:
-                continue
-            _, rmx, rmy, rxx, rxy = self._centred(rest)
-            lam, U = np.linalg.eigh(rxx)
-            proj = U.T @ rxy
-            for i, a in enumerate(alphas):
-                coef = U @ (proj / (np.maximum(lam, 0.0) + a)[:, None])
-                cv[i] += self._sse(held, coef, rmy - rmx @ coef)
-        best = np.argmin(cv, axis=0)  # the first (smallest) penalty among ties
+        best = tied_choice(*self.cv_errors(G, alphas))
         coef = np.empty((F, T))
         for i in np.unique(best):
             coef[:, best == i] = solve(cxx + alphas[i] * np.eye(F), cxy[:, best == i])
@@ -489,13 +552,16 @@ def resampled_sums(M: Float[Array, "tasks c"], seed: int, resamples: int = BOOTS
 
 
 def percentile_interval(samples: Float[Array, "r t"], level: float = 0.95) -> Float[Array, "2 t"]:
-    """The central `level` percentile interval of each column, over its finite samples (NaN if none)."""
+    """The central `level` percentile interval of each column, over its finite samples (NaN if none):
+    the columns with every sample finite in one call, the others one by one."""
     tail = (1 - level) / 2 * 100
     out = np.full((2, samples.shape[1]), np.nan)
-    for t in range(samples.shape[1]):
-        ok = np.isfinite(samples[:, t])
-        if ok.any():
-            out[:, t] = np.percentile(samples[ok, t], [tail, 100 - tail])
+    ok = np.isfinite(samples)
+    whole = ok.all(0)
+    if whole.any():
+        out[:, whole] = np.percentile(samples[:, whole], [tail, 100 - tail], axis=0)
+    for t in np.nonzero(~whole & ok.any(0))[0]:
+        out[:, t] = np.percentile(samples[ok[:, t], t], [tail, 100 - tail])
     return out
 
 

@@ -42,7 +42,8 @@ class CausalOptions:
     direction_seed: int = 0
     """Seed of the random directions of the control."""
     steer: tuple[float, ...] = field(default=DEFAULT_STEER, metadata={"metavar": "S"})
-    """Steering scales s: add s * std * direction (none given: no steering)."""
+    """Steering scales s: add s * std * direction (none given: no steering; with --episodes at one step of a
+    history at a time, std the selective projection's)."""
     bootstrap: int = 1000
     """Bootstrap resamples of the held-out tasks."""
     baseline_seed: int = 0
@@ -73,15 +74,21 @@ class EpisodeCausal:
     """The causal test on a model's actions over learning histories (docs/episodes.md)."""
 
     episodes: str | None = field(default=None, metadata={"metavar": "EPS.h5"})
-    """An episodes file: erase the target's selective direction at --layer of the model (an AD model directory,
-    or --model FILE.py:FUNC with a token_format attribute) reading these histories, and measure its actions."""
+    """An episodes file: erase and steer the target's selective direction at --layer of the model (an AD model
+    directory, or --model FILE.py:FUNC with a token_format attribute or --token-format) reading these histories,
+    and measure its actions."""
     target: str | None = field(default=None, metadata={"choices": ("delta", "q", "v")})
     """With --episodes: the candidate's quantity whose direction is erased: its TD error (delta), Q(s_t, a_t) (q)
     or V(s_t) (v) (None: delta)."""
+    closed_loop_histories: int = field(default=0, metadata={"metavar": "N"})
+    """With --episodes of a file `collect` wrote: let the model act on N fresh histories of
+    the file's environment, unedited, with the selective erasure and with each random one, paired by seed, and
+    report the change of its return (0: not run)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from .episode_options import EpisodeTargets
+    from .record import EpisodeOptions
 
     p.add_argument("checkpoint", nargs="?", help="checkpoint directory (model.safetensors + config.json); "
                    "or use --model with --task; with --episodes, an AD model directory")
@@ -91,6 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     task_options.add(p)
     episodes = p.add_argument_group("learning histories (--episodes; docs/episodes.md)")
     add_fields(episodes, EpisodeCausal)
+    add_fields(episodes, EpisodeOptions, skip=("episodes",))
     add_fields(episodes, EpisodeTargets)
 
 
@@ -184,7 +192,10 @@ def run(args) -> int:
     ep = parsed(args, EpisodeCausal)
     if ep.episodes is not None:
         return _episode_run(args, o, prompts, ep, device)
-    if flags := given_flags(args, EpisodeCausal) + target_flags(args):
+    from .record import EpisodeOptions
+
+    if flags := (given_flags(args, EpisodeCausal) + given_flags(args, EpisodeOptions, ["token_format", "context"])
+                 + target_flags(args)):
         raise UserError(f"{flags[0]} goes with --episodes (the causal test on a model's actions over learning histories)")
     inputs = task_options.input_files(args)
     if o.json:
@@ -218,7 +229,32 @@ def run(args) -> int:
     return 0
 
 
-FAMILY_ONLY = ("hook", "method", "direction", "steer", "interchange", "figure", "tasks", "prompt_seed", "probe")
+def episode_table(result: dict) -> str:
+    """The steering and closed-loop lines of an episode causal result (`episode_causal.causal_episodes`)."""
+    lines = []
+    st = result.get("steering")
+    if st and st["points"]:
+        lines.append(f"steering (one step of each of {st['histories']} histories at a time, norm |s| x "
+                     f"{st['sigma']:.3g}): sign {st['sign']}")
+        lines.append(f"{'':8}{'Δp(previous action) selective':36}{'random (|Δp|)':32}{'input-explained':36}"
+                     "KL selective − random")
+        for point in st["points"]:
+            d = point["dp_previous"]
+            lines.append(f"{'s=' + format(point['scale'], 'g'):8}{_fmt(d['selective']):36}{_fmt(d['random_abs']):32}"
+                         f"{_fmt(d['input_explained']):36}{_fmt(point['kl']['excess_over_random'])}")
+    elif st:
+        lines.append(f"steering: {st['note']}")
+    loop = result.get("closed_loop")
+    if loop:
+        lines.append(f"closed loop on {loop['histories'][1] - loop['histories'][0]} fresh histories of {loop['env']} "
+                     f"({loop['steps']} steps): return, unedited / erased selective / erased random")
+        for k, label in (("last_quarter", "last quarter"), ("improvement", "last quarter − first episode")):
+            arms = " / ".join(_fmt(loop["arms"][a][k]) for a in ("unedited", "selective", "random"))
+            lines.append(f"  {label}: {arms}; selective − random {_fmt(loop['selective_minus_random'][k])}")
+    return "\n".join(lines)
+
+
+FAMILY_ONLY = ("hook", "method", "direction", "interchange", "figure", "tasks", "prompt_seed", "probe")
 """Options of the families' causal test that the test over learning histories does not have."""
 
 
@@ -228,9 +264,11 @@ def _episode_run(args, o: CausalOptions, prompts: CausalPrompts, ep: EpisodeCaus
     from ..core.errors import UserError
     from ..core.files import write_json
     from ..core.outputs import output_file
-    from ..interventions.episode_causal import causal_episodes, read_mask, run_model, to_steps
+    from ..interventions.episode_causal import causal_episodes, environment_of, read_mask, run_model, to_steps
     from ..models import episode_tokens as et
     from ..models.random_init import random_init_copy
+    from ..recording.episodes import token_format_of
+    from .record import EpisodeOptions
     from ..tasks.episodes import read_episodes
     from ..analyzers.episode_recording import action_probs
     from .episode_options import EpisodeTargets, load_model, other_task_flags, targets
@@ -239,8 +277,9 @@ def _episode_run(args, o: CausalOptions, prompts: CausalPrompts, ep: EpisodeCaus
               *given_flags(args, CausalPrompts, [n for n in FAMILY_ONLY if n in CausalPrompts.__dataclass_fields__]),
               *other_task_flags(args)]
     if family:
-        raise UserError(f"{family[0]} does not go with --episodes (the histories are the prompts; the edit is the "
-                        "mean-ablation of the probe's selective direction at the residual stream after --layer)")
+        raise UserError(f"{family[0]} does not go with --episodes (the histories are the prompts; the edits are the "
+                        "mean-ablation of the probe's selective direction and steering along it at the residual "
+                        "stream after --layer)")
     if o.json:
         output_file(o.json, "--json", inputs=[ep.episodes, *task_options.input_files(args)], suffixes=(".json",))
     episodes = read_episodes(ep.episodes)
@@ -251,11 +290,11 @@ def _episode_run(args, o: CausalOptions, prompts: CausalPrompts, ep: EpisodeCaus
     if point not in have:
         raise UserError(f"--layer {o.layer}: the model has no {point} (its layers: "
                         f"{', '.join(h.split('.')[1] for h in have) or 'none with that hook'})")
-    if getattr(model, "token_format", None) is None:
-        raise UserError("--episodes needs a model with a token_format attribute (the token format it reads; "
-                        "docs/episodes.md, \"Token formats\")")
-    fmt = model.token_format if isinstance(model.token_format, et.TokenFormat) else et.TokenFormat.from_dict(model.token_format)
+    tf = parsed(args, EpisodeOptions)
+    fmt = token_format_of(model, episodes, tf.token_format, tf.context)
     et.check_fits(fmt, episodes)
+    if ep.closed_loop_histories:  # refused before the behavioural fit and the test: seconds to minutes
+        environment_of(episodes)
     model.to(target)
     probs = None
     if parsed(args, EpisodeTargets).candidate is None:
@@ -266,13 +305,16 @@ def _episode_run(args, o: CausalOptions, prompts: CausalPrompts, ep: EpisodeCaus
     base = random_init_copy(model, o.baseline_seed)[0] if prompts.baseline == "random-init" else None
     result = causal_episodes(model, episodes, fmt, t, layer=o.layer, target=ep.target or "delta", draws=o.random_draws,
                              seed=o.direction_seed, split_seed=o.split_seed, test_fraction=o.test_fraction,
-                             n_boot=o.bootstrap, batch_size=prompts.batch_size, random_model=base)
+                             n_boot=o.bootstrap, batch_size=prompts.batch_size, random_model=base, steer=o.steer,
+                             closed_loop_histories=ep.closed_loop_histories)
     result = {**result, "source": spec, "episodes": str(ep.episodes), "candidate": info,
               "random_init": None if base is None else {"seed": o.baseline_seed}}
     params = ", ".join(f"{k} {v:.3g}" for k, v in info["params"].items())
     print(f"causal test at {result['site']} of {spec}: {result['target']} of {info['candidate']} ({params}; "
           f"{info['source']}), held-out histories {result['split']['test_histories']}")
     print(f"conclusion: {result['reason']}")  # the reason starts with the answer: yes, no or inconclusive
+    if lines := episode_table(result):
+        print(lines)
     if o.json:
         write_json(o.json, result)
         print(f"wrote {o.json}")

@@ -1,8 +1,9 @@
 """`icrl-interp collect --env ID --agent NAME --out eps.h5`: learning histories of a source agent in an
 environment (Algorithm Distillation's training data), written atomically as an episodes file
 (`icrl_interp.episodes/1`, docs/episodes.md). With `--model MODEL` instead of `--agent`, a sequence model
-(an AD model directory, or FILE.py:FUNC with a `token_format`) acts in closed loop, reading its own history
-(`models.closed_loop`), and the file records its actions."""
+(an AD model directory, or FILE.py:FUNC with a `token_format` or `--token-format NAME --context K`) acts in
+closed loop, reading its own history in its token format (`models.closed_loop`), and the file records its
+actions."""
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,11 @@ class CollectOptions:
     """The source agent: random, or a learning rule acting by softmax(beta Q) (epsilon-greedy with --epsilon)."""
     model: str | None = field(default=None, metadata={"metavar": "MODEL"})
     """Instead of --agent, a model acting in closed loop on its own history: an AD model directory (data/ad) or
-    FILE.py:FUNC returning a module with a token_format attribute (ad-step tokens)."""
+    FILE.py:FUNC returning a module (with a token_format attribute, or give --token-format and --context)."""
+    token_format: str | None = field(default=None, metadata={"choices": ("ad-step", "ad-element", "dpt")})
+    """With --model, a model without a token_format attribute: the token format it reads."""
+    context: int | None = field(default=None, metadata={"metavar": "K"})
+    """With --token-format: steps (AD formats) or transitions of context (dpt) the model reads at most."""
     greedy: bool = False
     """With --model: act by the argmax of the model's logits instead of sampling from its softmax."""
     histories: int = 16
@@ -75,8 +80,10 @@ def run(args) -> int:
     output_file(o.out, "--out", suffixes=(".h5", ".hdf5"))
     if (o.agent is None) == (o.model is None):
         raise UserError("give the agent that acts: --agent NAME (a source agent) or --model MODEL (not both)")
-    if o.greedy and o.model is None:
-        raise UserError("--greedy goes with --model (a source agent acts by its own policy)")
+    model_only = [f for f, v in (("--greedy", o.greedy or None), ("--token-format", o.token_format),
+                                 ("--context", o.context)) if v is not None]
+    if model_only and o.model is None:
+        raise UserError(f"{model_only[0]} goes with --model (a source agent acts by its own policy)")
     if Path(o.out).exists() and not o.force:
         raise UserError(f"--out {o.out} already exists; pass --force to replace it")
     for flag, value in (("--histories", o.histories), ("--steps-per-history", o.steps_per_history)):
@@ -98,7 +105,8 @@ def run(args) -> int:
         from ..models.closed_loop import ModelPolicy
         from ..recording.episodes import load_episode_model
 
-        agent = ModelPolicy(load_episode_model(o.model), greedy=o.greedy, name=f"model {o.model}")
+        agent = ModelPolicy(load_episode_model(o.model), o.token_format, context=o.context, greedy=o.greedy,
+                            name=f"model {o.model}")
     episodes = collect(o.env, agent, histories=o.histories, steps=o.steps_per_history, seed=o.prompt_seed,
                        env_kwargs=kwargs, alpha=o.alpha, gamma=o.gamma, beta=o.inverse_temperature, lam=o.lam,
                        epsilon=o.epsilon, progress=o.progress)

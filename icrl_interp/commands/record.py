@@ -117,10 +117,10 @@ def _record_episodes(args, o: RecordOptions, prompts, ep: EpisodeOptions, device
     from ..core.outputs import output_file
 
     given = [flag for flag, on in (("--task", args.task is not None), ("--prompts", prompts.prompts is not None),
-                                   ("--resume", o.resume), ("--also-analyze", o.also_analyze), ("--json", o.json),
-                                   ("--shards", o.shards != 1)) if on]
+                                   ("--also-analyze", o.also_analyze), ("--json", o.json)) if on]
     if given:
-        raise UserError(f"{given[0]} does not go with --episodes (the histories are the input, recorded in one file)")
+        raise UserError(f"{given[0]} does not go with --episodes (the histories are the input; analyze the "
+                        "recording with `icrl-interp analyze OUT`)")
     if (args.model is None) == (args.checkpoint is None):
         raise UserError("--episodes needs the model: an AD model directory, or --model FILE.py:FUNC (not both)")
     output_file(o.out, "--out", inputs=[ep.episodes, *task_options.input_files(args)], suffixes=(".h5", ".hdf5"))
@@ -134,6 +134,7 @@ def _record_episodes(args, o: RecordOptions, prompts, ep: EpisodeOptions, device
     roles = load_spec(prompts.probe).roles if prompts.probe is not None else None
     summary = record_episodes(model, ep.episodes, o.out, token_format=ep.token_format, context=ep.context,
                               roles=roles or None, patterns=o.full_patterns, baseline=prompts.baseline,
-                              batch_size=prompts.batch_size, progress=o.progress, model_spec=str(spec))
+                              batch_size=prompts.batch_size, progress=o.progress, model_spec=str(spec),
+                              resume=o.resume, shards=o.shards)
     print(summary.table())
     return 0

@@ -6,7 +6,9 @@ On a recording (`verdict REC.h5`: behaviour and representation evidence), on a c
 model with the recording made of it (`verdict REC.h5 --model FILE.py:FUNC [--weights W]`: the recording
 brings the task and the probe spec's [roles], the model is edited for the causal evidence). On an episodes
 file (`verdict --episodes EPS.h5`): which tabular learning rule chose its actions (`verdicts.behaviour_fit`,
-docs/episodes.md). An option the chosen form would ignore (e.g. --tasks on a recording) is refused.
+docs/episodes.md); on an episode recording (`verdict REC.h5` of `record --episodes`): that fit to the model's
+action probabilities, with the representation evidence of every rule beside it (`verdicts.episode_evidence`).
+An option the chosen form would ignore (e.g. --tasks on a recording) is refused.
 docs/verdict.md says how to read it.
 """
 from __future__ import annotations
@@ -125,23 +127,38 @@ def episodes_table(v: dict) -> str:
     return "\n".join(lines)
 
 
-def _episodes(args, o: VerdictOptions) -> int:
-    """`verdict --episodes EPS.h5`: the behavioural fit of the learning rules to the episodes' actions."""
+def representation_lines(v: dict) -> list[str]:
+    """The representation evidence of a verdict on an episode recording: per candidate and layer the held-out R²
+    of its delta probe [95 % interval], of delta's selective part and of Q and V, then the agreement."""
+    rep = v["representation"]
+    lines = [f"representation (held-out R² of probes of each rule's targets, with its fitted parameters; "
+             f"{rep['split']['test_histories']} held-out histories; * selective: beats every baseline)",
+             f"  {'rule':16} {'layer':>5}  {'delta [95% CI]':>22}  {'delta sel.':>10}  {'Q':>7}  {'V':>7}"]
+    fmt = lambda p: "—" if p["r2"] is None else f"{p['r2']:.3f}" + ("*" if p["selective"] else "")  # noqa: E731
+    for name, c in rep["candidates"].items():
+        for layer, t in c["layers"].items():
+            ci = t["delta"]["r2_ci"]
+            delta = fmt(t["delta"]) + ("" if ci is None else f" [{ci[0]:.3f}, {ci[1]:.3f}]")
+            lines.append(f"  {name:16} {layer:>5}  {delta:>22}  {fmt(t['delta_selective']):>10}  {fmt(t['q']):>7}  "
+                         f"{fmt(t['v']):>7}")
+    lines.append(rep["agreement"]["text"])
+    return lines
+
+
+def _episode_options(args, o: VerdictOptions, where: str, inputs: list, extra=()) -> list[str] | None:
+    """The checks of a verdict on episodes (an episodes file or an episode recording): the options it does not
+    use (and `extra`) refused, --json's path, the numbers; returns the candidates asked for (None: every one)."""
     from ..core.errors import UserError
-    from ..core.files import write_json
     from ..core.outputs import output_file
-    from ..tasks.episodes import read_episodes
     from ..tasks.learners import NAMES
-    from ..verdicts.behaviour_fit import fit_behaviour
 
     unused = [f for f in given_flags(args, VerdictOptions) if f not in given_flags(args, VerdictOptions, EPISODES)]
     unused += given_flags(args, task_options.Prompts) + given_flags(args, task_options.UserModel, ("model", "weights"))
-    unused += task_options.task_flags(args) + ([args.source] if args.source is not None else [])
+    unused += task_options.task_flags(args) + list(extra)
     if unused:
-        raise UserError(f"{', '.join(unused)}: not used with --episodes (the fit reads the episodes' own actions); "
-                        "drop them")
+        raise UserError(f"{', '.join(unused)}: not used {where}; drop them")
     if o.json:
-        output_file(o.json, "--json", inputs=[o.episodes], suffixes=(".json",))
+        output_file(o.json, "--json", inputs=inputs, suffixes=(".json",))
     if o.bootstrap < 10:
         raise UserError(f"--bootstrap must be at least 10, got {o.bootstrap}")
     if not 0.0 < o.test_fraction < 1.0:
@@ -150,9 +167,39 @@ def _episodes(args, o: VerdictOptions) -> int:
     if cands is not None and (not cands or any(c not in NAMES for c in cands)):
         raise UserError(f"--candidates: unknown {', '.join(c for c in cands if c not in NAMES) or '(none given)'} "
                         f"(known with --episodes: {', '.join(NAMES)})")
+    return cands
+
+
+def _episodes(args, o: VerdictOptions) -> int:
+    """`verdict --episodes EPS.h5`: the behavioural fit of the learning rules to the episodes' actions."""
+    from ..core.files import write_json
+    from ..tasks.episodes import read_episodes
+    from ..verdicts.behaviour_fit import fit_behaviour
+
+    cands = _episode_options(args, o, "with --episodes (the fit reads the episodes' own actions)", [o.episodes],
+                             [args.source] if args.source is not None else [])
     v = fit_behaviour(read_episodes(o.episodes), split_seed=o.split_seed, test_fraction=o.test_fraction,
                       bootstrap=o.bootstrap, candidates=cands, source=str(o.episodes))
     print(episodes_table(v))
+    if o.json:
+        write_json(o.json, v)
+        print(f"wrote {o.json}")
+    return 0
+
+
+def _episode_recording(args, o: VerdictOptions) -> int:
+    """`verdict REC.h5` of an episode recording: the behavioural fit to the model's action probabilities and the
+    representation evidence beside it (`verdicts.episode_evidence`)."""
+    from ..analyzers.episode_recording import open_episode_recording
+    from ..core.files import write_json
+    from ..verdicts.episode_evidence import verdict_on_recording
+
+    cands = _episode_options(args, o, f"on an episode recording ({args.source} holds the histories, the model's "
+                             "action probabilities and its layers)", [args.source])
+    with open_episode_recording(args.source) as rec:
+        v = verdict_on_recording(rec, split_seed=o.split_seed, test_fraction=o.test_fraction, bootstrap=o.bootstrap,
+                                 candidates=cands, source=str(args.source))
+    print("\n".join([episodes_table(v), *representation_lines(v)]))
     if o.json:
         write_json(o.json, v)
         print(f"wrote {o.json}")
@@ -168,6 +215,11 @@ def run(args) -> int:
     o, prompts = parsed(args, VerdictOptions), parsed(args, task_options.Prompts)
     if o.episodes is not None:
         return _episodes(args, o)
+    if args.source is not None:
+        from ..analyzers.episode_recording import is_episode_recording
+
+        if is_episode_recording(args.source):
+            return _episode_recording(args, o)
     ckpt = recording = None
     if args.source is not None:
         if Path(args.source).is_dir():

@@ -3,6 +3,9 @@
 Writes DIR/zoo.json (`icrl_interp.zoo/1`: one row per model, the summary, the confusion matrix) and
 DIR/confusion.png; each model's row lands in DIR/rows/ as soon as it is judged, so a run stopped midway
 continues where it stopped when started again with the same options (docs/zoo.md).
+
+`icrl-interp zoo calibrate --out DIR`: the verdict's parameter intervals checked by simulation on noisy teachers
+(zoo/calibration.py); writes DIR/calibration.json and DIR/calibration.png (docs/zoo.md, "Calibration").
 """
 from __future__ import annotations
 
@@ -33,6 +36,55 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_fields(sub.add_parser("run", help="judge every model of the zoo; write DIR/zoo.json and the confusion matrix",
                               description="judge every model of the zoo; write DIR/zoo.json and the confusion matrix"),
                ZooOptions)
+    add_fields(sub.add_parser("calibrate", help="check by simulation that the verdict's 95%% parameter intervals cover "
+                              "the truth; write DIR/calibration.json and calibration.png",
+                              description="check by simulation that the verdict's 95 percent parameter intervals cover the "
+                              "truth: noisy exact teachers, fresh tasks and noise per replicate; write "
+                              "DIR/calibration.json and DIR/calibration.png (docs/zoo.md, Calibration)"),
+               CalibrateOptions)
+
+
+@dataclass
+class CalibrateOptions:
+    """How many simulated replicates, and where the result goes."""
+
+    out: str = field(metadata={"metavar": "DIR"})
+    """Directory of the results: calibration.json and calibration.png (a new, empty or earlier calibration directory)."""
+    replicates: int = 100
+    """Replicates per teacher and noise level (fresh tasks and noise each); about 0.5 CPU s each."""
+    tasks: int = 160
+    """Tasks per replicate, one prompt each (70 % train the fit, as in the verdict)."""
+    zoo_seed: int = 0
+    """Seed of the simulation: its tasks, noise, splits and resamples."""
+    progress: bool = True
+    """Show a progress bar over the replicates on stderr."""
+
+
+def _calibrate(args) -> int:
+    """`zoo calibrate`: zoo/calibration.py's simulation, its JSON written atomically, the figure beside it."""
+    from pathlib import Path
+
+    from ..core.errors import UserError
+    from ..core.files import write_json
+    from ..core.outputs import output_dir
+    from ..report.calibration import write_figure
+    from ..zoo.calibration import calibrate
+
+    o = parsed(args, CalibrateOptions)
+    if o.replicates < 1 or o.tasks < 10 or o.zoo_seed < 0:
+        raise UserError(f"--replicates must be >= 1, --tasks >= 10 and --zoo-seed >= 0, got {o.replicates}, "
+                        f"{o.tasks} and {o.zoo_seed}")
+    out = Path(output_dir(o.out, "--out", owned=lambda p: (p / "calibration.json").is_file(),
+                          what="calibration directory"))
+    result = calibrate(o.replicates, seed=o.zoo_seed, tasks=o.tasks, progress=o.progress)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "calibration.json", result)
+    write_figure(result, out / "calibration.png")
+    s = result["summary"]["overall"]
+    print(f"calibration: {s['covered']}/{s['checked']} intervals cover the truth ({s['coverage']:.1%}, Wilson 95% "
+          f"[{s['coverage_ci'][0]:.1%}, {s['coverage_ci'][1]:.1%}]) in {result['seconds']:.0f} s; wrote "
+          f"{out / 'calibration.json'} and {out / 'calibration.png'}")
+    return 0
 
 
 def _owned(path) -> bool:
@@ -45,6 +97,8 @@ def run(args) -> int:
     from ..core.errors import UserError
     from ..core.outputs import output_dir
 
+    if args.action == "calibrate":
+        return _calibrate(args)
     o = parsed(args, ZooOptions)
     if o.zoo_seed < 0:
         raise UserError(f"--zoo-seed must be a non-negative integer, got {o.zoo_seed}")

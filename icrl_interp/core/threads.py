@@ -76,3 +76,44 @@ def limited():
             lib.set_num_threads(before)
         if torch is not None:
             torch.set_num_threads(torch_before)
+
+
+@contextmanager
+def beside(busy: int = 1):
+    """torch's intra-op pool at `target` minus `busy` threads (at least 1) inside the block, restored after:
+    the cores left beside `busy` threads of the package's own that work alongside the forward passes (the
+    recorder's writer thread), so the two never compete for a core (on 2 cores, 2 torch threads beside the
+    writer made a recording 2.4x slower than 1: docs/benchmarks.md). `ICRL_INTERP_THREADS` sets the count
+    exactly. Nothing is imported: without torch loaded this does nothing."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        forced = override()
+        torch.set_num_threads(forced if forced is not None else max(1, target(before) - busy))
+    try:
+        yield
+    finally:
+        if torch is not None:
+            torch.set_num_threads(before)
+
+
+def ahead(fn, items):
+    """`fn(item)` for each item, in order; with a core to spare (`target(allowed_cores())` > 1) the next item's
+    is computed in a thread while the caller works on this one (the analyzers' reads: h5py releases the GIL while
+    HDF5 reads, so reading chunk k + 1 overlaps the analysis of chunk k, at the cost of one result more in
+    memory). An error of `fn` is raised at its item; none of `fn` runs after the caller stops."""
+    items = list(items)
+    if target(allowed_cores()) <= 1 or len(items) < 2:
+        yield from (fn(item) for item in items)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="icrl-interp-reader")
+    try:
+        pending = pool.submit(fn, items[0])
+        for nxt in items[1:]:
+            done, pending = pending.result(), pool.submit(fn, nxt)
+            yield done
+        yield pending.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # no read outlives the caller's file handles

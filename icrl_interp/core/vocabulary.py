@@ -65,7 +65,7 @@ FLAGS: dict[str, Flag] = {
     "--task": Flag("the family whose task --model runs on", RUN),
     "--probe": Flag("the probe spec TOML: which hooks are recorded and what roles they play", RUN),
     "--prompts": Flag("a file of prompts to run on instead of sampling", ("record", "analyze", "verdict")),
-    "--tasks": Flag("number of tasks sampled, one prompt each", ("envs", *RUN, "demo")),
+    "--tasks": Flag("number of tasks sampled, one prompt each", ("envs", *RUN, "demo", "zoo calibrate")),
     "--batch-size": Flag("prompts per forward pass", RUN),
     "--prompt-seed": Flag("seed of the task sampler: which tasks are drawn and the trajectories of their prompts",
                           ("envs", "construct", "demo", *RUN, "control", "collect")),
@@ -103,9 +103,12 @@ FLAGS: dict[str, Flag] = {
                      ("collect",)),
     "--episodes": Flag("an episodes file (learning histories) to judge, or to record a model over",
                        ("verdict", "record", "causal")),
-    "--token-format": Flag("the token format a model reads episodes in: ad-step, ad-element or dpt", ("record",)),
+    "--token-format": Flag("the token format a model reads episodes in: ad-step, ad-element or dpt",
+                           ("record", "collect", "causal")),
     "--context": Flag("steps per window (AD formats) or transitions of context (dpt) of the token format",
-                      ("record",)),
+                      ("record", "collect", "causal")),
+    "--closed-loop-histories": Flag("fresh histories of the episodes' environment on which the model acts in closed "
+                                    "loop, unedited and under each erasure (0: none)", ("causal",)),
     "--histories": Flag("learning histories collected, one environment (task) each", ("collect",)),
     "--steps-per-history": Flag("environment steps of each learning history", ("collect",)),
     "--inverse-temperature": Flag("beta of the softmax(beta Q) policy of a learning agent",
@@ -197,6 +200,8 @@ FLAGS: dict[str, Flag] = {
     "--set": Flag("which zoo entries: default (a few), full (all), or episodes (agents acting in environments)",
                   ("zoo",)),
     "--zoo-seed": Flag("seed of the zoo: 0, or a fresh zoo drawn with other step sizes, prompts and splits", ("zoo",)),
+    "--replicates": Flag("simulated replicates per teacher and noise level (fresh tasks and noise each)",
+                         ("zoo calibrate",)),
 }
 """Every flag: what it means and the commands that have it (`--no-x` is the same flag as `--x`)."""
 

@@ -185,6 +185,45 @@ def ad_step_tokens(fmt: TokenFormat, obs: np.ndarray, prev_action: np.ndarray, p
     return out
 
 
+def ad_element_tokens(fmt: TokenFormat, obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+                      new_episode: np.ndarray) -> np.ndarray:
+    """`ad-element` tokens [..., 3, d_token]: the o, a and r tokens of steps given their observation features
+    [..., O], action (-1: a zero action column), reward and new-episode flag: what `encode` writes, and what a
+    model acting in closed loop appends (the o token of step t before it acts, a_t and r_t once known)."""
+    cols = fmt.columns
+    action = np.asarray(action)
+    out = np.zeros((*action.shape, 3, fmt.d_token), dtype=np.float32)
+    for e in range(3):  # type one-hot: o, a, r
+        out[..., e, cols["type"].start + e] = 1.0
+    out[..., 0, cols["obs"]] = obs
+    out[..., 0, cols["new_episode"].start] = new_episode
+    out[..., 1, cols["action"]] = _one_hot(action, fmt.n_actions, action >= 0)
+    out[..., 2, cols["reward"].start] = reward
+    return out
+
+
+def dpt_query_tokens(fmt: TokenFormat, obs: np.ndarray) -> np.ndarray:
+    """`dpt` query tokens [..., d_token] of observation features [..., O] (position 0 of a step's sequence)."""
+    out = np.zeros((*np.shape(obs)[:-1], fmt.d_token), dtype=np.float32)
+    out[..., fmt.columns["obs"]] = obs
+    out[..., fmt.columns["query"].start] = 1.0
+    return out
+
+
+def dpt_transition_tokens(fmt: TokenFormat, obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
+                          next_obs: np.ndarray) -> np.ndarray:
+    """`dpt` context tokens [..., d_token] of transitions (s, a, r, s'): features [..., O], action (-1: a zero
+    action column), reward, next features [..., O]; what `encode` writes and a model in closed loop appends."""
+    cols, action = fmt.columns, np.asarray(action)
+    out = np.zeros((*action.shape, fmt.d_token), dtype=np.float32)
+    out[..., cols["obs"]] = obs
+    out[..., cols["action"]] = _one_hot(action, fmt.n_actions, action >= 0)
+    out[..., cols["reward"].start] = reward
+    out[..., cols["next_obs"]] = next_obs
+    out[..., cols["present"].start] = 1.0
+    return out
+
+
 def window_starts(n_steps: int, fmt: TokenFormat) -> np.ndarray:
     """Start steps of the AD windows over a history of `n_steps` steps."""
     stride = fmt.step_stride
@@ -211,7 +250,7 @@ def encode(episodes, fmt: TokenFormat) -> tuple[np.ndarray, PositionMap]:
 def _encode_ad(episodes, fmt: TokenFormat):
     feats, actions, rewards, valid, ep_index, ep_step = _grid(episodes)
     H, T = valid.shape
-    K, cols = fmt.context, fmt.columns
+    K = fmt.context
     starts = window_starts(T, fmt)
     W = len(starts)
     steps = starts[:, None] + np.arange(K)[None, :]  # [W, K] history step of each window slot
@@ -230,14 +269,8 @@ def _encode_ad(episodes, fmt: TokenFormat):
         per_pos = 1
         element = np.where(on, ELEMENTS.index("step"), PAD)
     else:
-        tokens = np.zeros((H, W, K, 3, fmt.d_token), dtype=np.float32)
-        type_col = cols["type"].start
-        for e in range(3):
-            tokens[..., e, type_col + e] = 1.0
-        tokens[..., 0, cols["obs"]] = feats[:, t_idx]
-        tokens[..., 0, cols["new_episode"].start] = new_ep[:, t_idx]
-        tokens[..., 1, cols["action"]] = _one_hot(actions[:, t_idx], fmt.n_actions, on)
-        tokens[..., 2, cols["reward"].start] = rewards[:, t_idx]
+        tokens = ad_element_tokens(fmt, feats[:, t_idx], np.where(on, actions[:, t_idx], -1), rewards[:, t_idx],
+                                   new_ep[:, t_idx])
         tokens[~on] = 0.0
         per_pos = 3
         element = np.where(on[..., None], np.array([ELEMENTS.index(e) for e in ("observation", "action", "reward")]), PAD)
@@ -263,22 +296,17 @@ def _encode_dpt(episodes, fmt: TokenFormat):
     feats, actions, rewards, valid, ep_index, ep_step = _grid(episodes)
     nxt = _features(np.asarray(episodes.next_observations), episodes.n_observations, valid)
     H, T = valid.shape
-    K, cols = fmt.context, fmt.columns
+    K = fmt.context
     # sequence (h, t): query o_t at 0, then transitions t-k .. t-1 (k = min(t, K)) at 1..k
     lag = np.arange(K)[None, :] - np.minimum(np.arange(T), K)[:, None]  # [T, K]: slot j holds step t + lag
     src = np.arange(T)[:, None] + lag
     ctx_on = (lag < 0)[None] & valid[:, :, None]  # [H, T, K]: the query step is valid (so is its past: a prefix)
-    src = np.maximum(src, 0)
+    src = np.clip(src, 0, T - 1)  # slots past the context (lag >= 0) are masked; clipped, a context > T indexes too
     tokens = np.zeros((H, T, 1 + K, fmt.d_token), dtype=np.float32)
-    tokens[:, :, 0, cols["obs"]] = feats
-    tokens[:, :, 0, cols["query"].start] = valid
-    ctx = tokens[:, :, 1:]
-    ctx[..., cols["obs"]] = feats[:, src]
-    ctx[..., cols["action"]] = _one_hot(actions[:, src], fmt.n_actions, np.ones(src.shape, bool)[None] & valid[:, src])
-    ctx[..., cols["reward"]] = rewards[:, src][..., None]
-    ctx[..., cols["next_obs"]] = nxt[:, src]
-    ctx[..., cols["present"]] = 1.0
-    ctx[~ctx_on] = 0.0
+    tokens[:, :, 0] = np.where(valid[..., None], dpt_query_tokens(fmt, feats), 0.0)
+    tokens[:, :, 1:] = dpt_transition_tokens(fmt, feats[:, src], np.where(valid[:, src], actions[:, src], -1),
+                                             rewards[:, src], nxt[:, src])
+    tokens[:, :, 1:][~ctx_on] = 0.0
     on = np.concatenate([valid[..., None], ctx_on], axis=-1)  # [H, T, 1 + K]
     step_of = np.concatenate([np.arange(T)[:, None], src], axis=-1)  # [T, 1 + K]
     N, P = H * T, 1 + K

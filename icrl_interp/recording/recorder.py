@@ -33,7 +33,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .._version import __version__
-from ..core import devices
+from ..core import devices, threads
 from ..core.errors import ModelFault, UserError
 from ..families import registry
 from ..models.config import CheckpointConfig, ModelConfig
@@ -81,9 +81,19 @@ class RecordSummary:
 
 
 class _Buffers:
-    """One reusable numpy buffer per hook; the hook copies into it without allocating."""
+    """Each hook's activations of one batch, for the writer: the model's own tensor where that is safe
+    (no copy), else a copy in a reusable numpy buffer per hook (no allocation per batch).
 
-    def __init__(self, rules: dict[str, HookRule], capacity: int, device: torch.device | None = None):
+    Without a copy (`direct`): a CPU tensor already in the stored dtype that is contiguous and owns its
+    whole storage (not a view of a parameter, of the prompts or of a larger tensor) is handed on as it is.
+    That is safe only while nothing writes into it afterwards, which torch's version counter tells: every
+    in-place write bumps it. A hook's first batch is copied and its tensor watched (`settle`): if the
+    forward pass wrote into it after the hook, the hook is copied from then on. A tensor handed on is
+    checked again after the forward pass (the batch is then run again, copied) and by the writer
+    (`rewritten`), so a model writing into an earlier batch's activation is refused, never written."""
+
+    def __init__(self, rules: dict[str, HookRule], capacity: int, device: torch.device | None = None,
+                 direct_ok: dict[str, bool] | None = None):
         self.rules, self.capacity = rules, capacity
         self.device = torch.device("cpu") if device is None else device
         """Where the activations are: from a GPU they land in pinned host buffers, by non-blocking
@@ -93,6 +103,15 @@ class _Buffers:
         self.views: dict[str, torch.Tensor] = {}
         self.rows: dict[str, int] = {}
         self.source_dtype: dict[str, str] = {}
+        self.store: dict[str, torch.dtype] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.direct_ok = {} if direct_ok is None else direct_ok
+        """Hook -> whether its tensors are handed on without a copy (decided on its first batch; shared by
+        the buffer sets of one model)."""
+        self.direct: dict[str, np.ndarray] = {}
+        """This batch's activations handed on without a copy (numpy views of the model's tensors)."""
+        self.watched: dict[str, tuple[torch.Tensor, int]] = {}
+        """Hook -> (its tensor, version when the hook saw it), for every tensor whose version is checked."""
 
     def __call__(self, name: str, t: torch.Tensor) -> None:
         rule = self.rules[name]
@@ -108,23 +127,72 @@ class _Buffers:
                 raise UserError(f"hook {name}: positions {rule.positions!r} select nothing of {tuple(t.shape)} "
                                 f"(axis {axis})")
         t = t.detach()
-        if name not in self.arrays:
+        if name not in self.shapes:
             store = _TORCH_DTYPES[rule.dtype] if rule.dtype else t.dtype
             if not store.is_floating_point and t.is_floating_point():
                 store = t.dtype
-            host = devices.host_empty((self.capacity, *t.shape[1:]), store, self.device)
-            # bfloat16 has no numpy dtype: the writer gets its bit patterns as int16
-            self.arrays[name] = (host.view(torch.int16) if store == torch.bfloat16 else host).numpy()
-            self.views[name] = host
+            self.store[name], self.shapes[name] = store, tuple(t.shape[1:])
             self.source_dtype[name] = str(t.dtype).removeprefix("torch.")
-        if tuple(t.shape[1:]) != self.arrays[name].shape[1:]:
-            raise UserError(f"hook {name}: activation shape {tuple(t.shape[1:])} changed from {self.arrays[name].shape[1:]}")
-        self.views[name][: t.shape[0]].copy_(t, non_blocking=True)  # synchronous from the CPU
+        if tuple(t.shape[1:]) != self.shapes[name]:
+            raise UserError(f"hook {name}: activation shape {tuple(t.shape[1:])} changed from {self.shapes[name]}")
         self.rows[name] = t.shape[0]
+        whole = self._whole(name, t)
+        if whole and self.direct_ok.get(name):
+            self.direct[name] = t.numpy()
+            self.watched[name] = (t, t._version)
+            # a copy buffer of an earlier batch (the first) is free now (this set's last batch is written):
+            # each set then holds one batch of activations, copied or not, as `budget` counts
+            self.arrays.pop(name, None)
+            self.views.pop(name, None)
+            return
+        self.direct.pop(name, None)
+        if name not in self.arrays:
+            host = devices.host_empty((self.capacity, *self.shapes[name]), self.store[name], self.device)
+            # bfloat16 has no numpy dtype: the writer gets its bit patterns as int16
+            self.arrays[name] = (host.view(torch.int16) if self.store[name] == torch.bfloat16 else host).numpy()
+            self.views[name] = host
+        self.views[name][: t.shape[0]].copy_(t, non_blocking=True)  # synchronous from the CPU
+        if whole and name not in self.direct_ok:
+            self.watched[name] = (t, t._version)  # the first batch: copied, and watched for later writes
+
+    def _whole(self, name: str, t: torch.Tensor) -> bool:
+        """Whether `t` can be handed on as it is: a contiguous CPU tensor in the stored dtype (not bfloat16,
+        which numpy lacks) that owns its whole storage and has a version counter (an inference-mode tensor has
+        none, so a later write into it could not be seen)."""
+        return (t.device.type == "cpu" and t.layout == torch.strided and t.dtype == self.store[name]
+                and not t.is_inference()
+                and t.dtype != torch.bfloat16 and t.is_contiguous() and t.storage_offset() == 0
+                and t.untyped_storage().nbytes() == t.numel() * t.element_size())
+
+    def batch(self, name: str, n: int) -> np.ndarray:
+        """The `n` rows of this batch's activations of hook `name`."""
+        return self.direct[name] if name in self.direct else self.arrays[name][:n]
+
+    def settle(self) -> bool:
+        """After the forward pass: decide each first-batch hook's `direct_ok` from whether its tensor was
+        written after the hook; False when a tensor handed on without a copy was (then the hook is copied
+        from now on, and this batch must be run again)."""
+        rerun = False
+        for name, (t, version) in list(self.watched.items()):
+            unchanged = t._version == version
+            if name in self.direct:
+                if not unchanged:
+                    self.direct_ok[name], rerun = False, True
+                    del self.direct[name]
+            else:
+                if name not in self.direct_ok:
+                    self.direct_ok[name] = unchanged
+                del self.watched[name]
+        return not rerun
+
+    def rewritten(self) -> list[str]:
+        """Hooks whose activations handed on without a copy have been written into since their hook ran."""
+        return [name for name, (t, version) in self.watched.items() if name in self.direct and t._version != version]
 
     def attrs(self, name: str) -> dict:
         rule = self.rules[name]
-        stored = BF16 if rule.dtype == "bfloat16" else str(self.arrays[name].dtype)
+        store = torch.int16 if self.store[name] == torch.bfloat16 else self.store[name]  # as `arrays` holds it
+        stored = BF16 if rule.dtype == "bfloat16" else str(store).removeprefix("torch.")
         return {"dtype": stored, "source_dtype": self.source_dtype[name], "positions": rule.positions or ":",
                 "compression": rule.compression}
 
@@ -214,8 +282,12 @@ def _forward(model, points, probe: _Probe, x, n: int, width: int | None, keep_ou
     (`models.user.forward`)."""
     from ..models import user as user_model
 
-    with torch.no_grad(), capture(model, points, probe):
-        y = user_model.forward(model, x) if user else model(x)
+    while True:  # run again when the model wrote into an activation handed on uncopied (that hook is copied
+        # from then on, so this ends)
+        with torch.no_grad(), capture(model, points, probe):
+            y = user_model.forward(model, x) if user else model(x)
+        if probe.buffers.settle():
+            break
     missing = [name for name in probe.buffers.rules if probe.buffers.rows.get(name) != n]
     if missing:
         raise UserError(f"hooks did not fire during the forward pass: {', '.join(missing)}")
@@ -228,6 +300,16 @@ def _forward(model, points, probe: _Probe, x, n: int, width: int | None, keep_ou
             out[f"lens/{layer}"] = v.cpu().numpy()
         probe.lens.out.clear()
     return out
+
+
+def _refuse_rewritten(probes: tuple, index: int) -> None:
+    """Refuse batch `index` when the model wrote into activations of it that were handed to the writer
+    without a copy (`_Buffers`), after their hook ran: what would be written is not what the hook saw."""
+    for probe in probes:
+        bad = probe.buffers.rewritten() if probe is not None else []
+        if bad:
+            raise ModelFault(f"the model wrote into its activations of batch {index} after returning them "
+                             f"(hooks {', '.join(bad)}, written in place by a later forward pass)")
 
 
 def _check_finite(data: dict[str, np.ndarray], where: str) -> None:
@@ -387,7 +469,6 @@ def _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baselin
     rules, param_names = spec.resolve(hook_names(model), params, role_names=list(points))
     points = {name: points.get(name, name) for name in rules}
     layout = prompt_layout(model, config)
-    info = model_info(model)
     n_layers = 0 if foreign else own.n_layers  # 0: the analyzers count the recorded layers
     width = _reference_width(source)
     resid_layers = {n: int(n.split(".")[1]) for n in rules if n.startswith("blocks.") and n.endswith(".hook_resid_post")}
@@ -421,17 +502,18 @@ def _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baselin
             extra = _forward(base_model, points, probes[1], x, hi - lo, width, keep_output, foreign)
             result.update({f"baseline/{k}": v for k, v in extra.items()})
         for n in rules:
-            result[f"acts/{n}"] = probes[0].buffers.arrays[n][: hi - lo]
+            result[f"acts/{n}"] = probes[0].buffers.batch(n, hi - lo)
             if base_model is not None:
-                result[f"baseline/acts/{n}"] = probes[1].buffers.arrays[n][: hi - lo]
+                result[f"baseline/acts/{n}"] = probes[1].buffers.batch(n, hi - lo)
         devices.synchronize(device)  # the non-blocking copies into the buffers have landed
         if check:
             _check_finite(result, source.where(index, lo, hi, batch_size))  # a shard's: its place in the whole run
         return {**result, **data, "prompts/task_id": source.task_ids(lo, hi)}
 
-    probe_sets = [(_Probe(_Buffers(rules, batch_size, device), lens),
-                   _Probe(_Buffers(rules, batch_size, device), base_lens) if base_model is not None else None)
-                  for _ in range(BUFFER_SETS)]  # host buffers are allocated when a set is first filled
+    direct_ok: tuple[dict, dict] = ({}, {})  # per model, shared by its buffer sets (`_Buffers.direct_ok`)
+    probe_sets = [(_Probe(_Buffers(rules, batch_size, device, direct_ok[0]), lens),
+                   _Probe(_Buffers(rules, batch_size, device, direct_ok[1]), base_lens) if base_model is not None else None)
+                  for _ in range(BUFFER_SETS)]  # host buffers are allocated when a set first copies
     with eval_mode(*models):
         first, readout_info = None, None
         if not resume:
@@ -443,12 +525,10 @@ def _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baselin
                     notes.append(f"the readout applied to the last layer differs from the model's output by {diff:.3g}: "
                                  f"the logit lens is not the model's own readout")
         meta = {
-            "task_family": source.task_family or "", "model": info,
+            **_identity(model, spec, source, batch_size, checkpoint_sha256),
             "layout": layout.to_dict() if layout is not None else None,
-            "probe_spec": spec.to_json(), "checkpoint_config": config.to_dict() if config else None,
-            "checkpoint_sha256": checkpoint_sha256, "n_layers": int(n_layers),
-            "gamma": source.gamma, "seed": int(source.seed), "batch_size": int(batch_size),
-            "source_sha256": source.sha256, "n_total": int(source.n_total),
+            "checkpoint_config": config.to_dict() if config else None, "n_layers": int(n_layers),
+            "gamma": source.gamma,
             "versions": _versions(), "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "task_data": source.task_note, "roles": {n: p for n, p in points.items() if n != p},
         }
@@ -540,6 +620,19 @@ def _record_file(model, out, spec, source, batch_size, resume, checkpoint_sha256
     return RecordSummary(path, source.n_total, shapes, bytes_written, seconds, start_at, run.notes)
 
 
+_IDENTITY_KEYS = ("task_family", "model", "probe_spec", "checkpoint_sha256", "seed", "batch_size", "source_sha256",
+                  "n_total")
+
+
+def _identity(model, spec: ProbeSpec, source: PromptSource, batch_size: int, checkpoint_sha256: str) -> dict:
+    """The identity attributes (`RecordingWriter.IDENTITY`) a run of `model` over `source` writes, as `_prepare`
+    builds them: what a shard found complete on --resume must carry."""
+    return {"task_family": source.task_family or "", "model": model_info(model), "probe_spec": spec.to_json(),
+            "checkpoint_sha256": checkpoint_sha256, "seed": int(source.seed),
+            "batch_size": int(min(batch_size, source.n_total)), "source_sha256": source.sha256,
+            "n_total": int(source.n_total)}
+
+
 def _record_sharded(model, out, spec, source, batch_size, resume, checkpoint_sha256, progress, baseline, baseline_seed,
                     outputs, device, count: int, workers) -> RecordSummary:
     """`record(shards=count)`: the shards (`shards.plan`) recorded in parallel, each by `_record_file`, then
@@ -551,8 +644,9 @@ def _record_sharded(model, out, spec, source, batch_size, resume, checkpoint_sha
 
     def one(i: int) -> dict:
         part = parts[i]
-        if part.state == "done":
-            return sharding.check_done(part.path, part.meta)
+        if part.state == "done":  # a complete shard of another run (other weights, spec, prompts) is refused
+            return sharding.check_done(part.path, part.meta, _identity(model, spec, part.source, batch_size,
+                                                                       checkpoint_sha256), tuple(_IDENTITY_KEYS))
         s = _record_file(model, part.path, spec, part.source, batch_size, part.state == "resume", checkpoint_sha256,
                          False, baseline, baseline_seed, outputs, target, shard=part.meta)
         return {"n_prompts": s.n_prompts, "bytes": s.bytes_written, "resumed_from": s.resumed_from, "notes": s.notes,
@@ -626,26 +720,28 @@ def _stream(writer, run: RecordRun, progress: bool):
     batches = range(start_at // batch_size, -(-source.n_total // batch_size))
     bar = tqdm(total=source.n_total, initial=start_at, unit="prompt", desc="record", disable=not progress)
 
-    def job(index: int, data: dict, attrs: dict) -> Callable[[], None]:
+    def job(index: int, data: dict, attrs: dict, probes: tuple) -> Callable[[], None]:
         def write() -> None:
             run.check(index, data)  # a NaN refuses the batch before any of it is written
+            _refuse_rewritten(probes, index)  # by the forward passes of later batches, while it waited
             writer.write_batch(data, attrs)
+            _refuse_rewritten(probes, index)  # while it was written
             bar.update(next(iter(data.values())).shape[0])
         return write
 
     # The writer thread writes batch i (and checks it) while the forward passes of the next batches fill
     # the other buffer sets: BUFFER_SETS = DEPTH + 1, so a set is handed back before it is filled again.
     try:
-        with BackgroundWriter(min(DEPTH, len(run.probe_sets) - 1)) as background:
+        with threads.beside(1), BackgroundWriter(min(DEPTH, len(run.probe_sets) - 1)) as background:
             for index in batches:
                 probes = run.probe_sets[index % len(run.probe_sets)]
                 data = run.first if (index == 0 and run.first is not None) else run.run_batch(index, probes, False)
                 acts = [k for k in data if k.startswith(("acts/", "baseline/acts/"))]
                 bytes_written += sum(data[k].nbytes for k in acts)
-                background.put(job(index, data, {k: run.dataset_attrs(k) for k in acts}))
+                background.put(job(index, data, {k: run.dataset_attrs(k) for k in acts}, probes))
     finally:
         bar.close()
-    shapes = {n: a.shape[1:] for probes in reversed(run.probe_sets) for n, a in probes[0].buffers.arrays.items()}
+    shapes = {n: shape for probes in reversed(run.probe_sets) for n, shape in probes[0].buffers.shapes.items()}
     return start_at, shapes, bytes_written, time.perf_counter() - t0
 
 

@@ -13,8 +13,9 @@ checking every shard it references (`Recording._check_shards`).
 
 The calls go one way: `recorder.record(shards=K)` asks `plan` for the shards (files, `shard` attributes,
 their prompts as a `ShardSource`, what earlier runs left), records each with its own single-file
-writer in `run`'s workers, and joins them with `write_master`. This module knows the files, not how
-a model is recorded: it never imports the recorder.
+writer in `run`'s workers, and joins them with `write_master`; `recording.episodes` does the same with
+`plan_files` (its rows are histories, not prompts). This module knows the files, not how a model is
+recorded: it never imports the recorder.
 
 Parallelism: shards run in forked worker processes (`run`), which inherit the model, so nothing
 is pickled; on a GPU, or where fork is unavailable, they run one after another in this process.
@@ -184,21 +185,49 @@ class Shard:
 def plan(out, source: PromptSource, batch_size: int, count: int, resume: bool) -> list[Shard]:
     """The `count` shards of recording `source` in batches of `batch_size` into the master `out`: whole
     batches each (`batch_ranges`), checked against what earlier runs left before any work (`check_outputs`)."""
-    ranges = batch_ranges(-(-source.n_total // batch_size), count)
+    return [Shard(path, meta, ShardSource.of(source, b0, b1, batch_size), state)
+            for path, meta, (b0, b1), state in plan_files(out, source.n_total, batch_size, count, resume)]
+
+
+def plan_files(out, n_total: int, batch_size: int, count: int,
+               resume: bool) -> list[tuple[Path, dict, tuple[int, int], str]]:
+    """(file, `shard` attribute, the whole run's batches [first, stop) it holds, state) of each of the `count`
+    shards of a run of `n_total` rows: `plan` without the prompts (the episode recorder's rows are histories)."""
+    ranges = batch_ranges(-(-n_total // batch_size), count)
     paths = shard_paths(out, count)
     states = check_outputs(out, paths, resume)
-    return [Shard(path, shard_meta(i, count, b0, b0 * batch_size, source.n_total, batch_size),
-                  ShardSource.of(source, b0, b1, batch_size), state)
+    return [(path, shard_meta(i, count, b0, b0 * batch_size, n_total, batch_size), (b0, b1), state)
             for i, (path, (b0, b1), state) in enumerate(zip(paths, ranges, states))]
 
 
-def check_done(path: Path, meta: dict) -> dict:
-    """A shard found complete on --resume: it must be the shard this run would write."""
+def _same(a, b) -> bool:
+    """Two attribute values alike once JSON-decoded (`Recording.attr`): what a stored attribute is compared by
+    (a run's own value may still be the JSON text it is stored as, e.g. a probe spec's `to_json()`)."""
+    return json.dumps(json_clean(_decoded(a)), sort_keys=True) == json.dumps(json_clean(_decoded(b)), sort_keys=True)
+
+
+def _decoded(v):
+    """`v`, or the value of JSON text that `Recording.attr` would decode (an object or an array)."""
+    if isinstance(v, str) and v[:1] in "{[":
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError:
+            return v
+    return v
+
+
+def check_done(path: Path, meta: dict, run_meta: dict | None = None, keys: tuple[str, ...] = ()) -> dict:
+    """A shard found complete on --resume: it must be the shard this run would write (its `shard` attribute,
+    and the root attributes `keys` of the run's `run_meta`: what a resumed .partial's writer checks)."""
     with Recording(path) as rec:
         have = rec.attr(SHARD_ATTR)
         if have != meta:
             raise UserError(f"cannot resume: {path} is not shard {meta['index']} of this run "
                             f"(its shard attribute is {json.dumps(have)})")
+        for key in keys:
+            if key in (run_meta or {}) and not _same(rec.attr(key), run_meta[key]):
+                raise UserError(f"cannot resume: {path} was recorded with a different {key}; delete it to record "
+                                "that shard again")
         hooks = {h: list(rec.shape(h)[1:]) for h in rec.hooks()}
         return {"n_prompts": rec.n_prompts, "bytes": 0, "resumed_from": rec.n_prompts, "notes": [], "hooks": hooks}
 
@@ -342,7 +371,7 @@ def write_master(out, paths: list[Path]) -> Path:
                 if key == SHARD_ATTR:  # the same run: count, batch size and total agree
                     mine, theirs = ({k: v for k, v in d.items() if k in ("count", "n_total", "batch_size")}
                                     if isinstance(d, dict) else d for d in (mine, theirs))
-                if json.dumps(json_clean(mine), sort_keys=True) != json.dumps(json_clean(theirs), sort_keys=True):
+                if not _same(mine, theirs):
                     raise UserError(f"{p} was recorded with a different {key} than {paths[0]}; "
                                     "delete the stale shard and --resume")
         entries = [shard_entry(p, r) for p, r in zip(paths, recs)]

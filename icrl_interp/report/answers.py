@@ -19,7 +19,7 @@ import re
 import textwrap
 from html import escape
 
-from ..analyzers.inputs import EPISODE_VERDICT_SCHEMA as EPISODE_SCHEMA
+from ..analyzers.inputs import EPISODE_VERDICT_SCHEMAS as EPISODE_SCHEMAS
 from .batch import Result
 from .fields import get, num
 
@@ -55,7 +55,7 @@ def verdict_params(doc: dict) -> dict[str, tuple]:
     v = doc.get("verdict") if isinstance(doc.get("verdict"), dict) else {}
     params = v.get("params")
     best = v.get("best")
-    if not params and isinstance(best, str) and doc.get("schema") == EPISODE_SCHEMA:  # fitted per rule, not in `verdict`
+    if not params and isinstance(best, str) and doc.get("schema") in EPISODE_SCHEMAS:  # fitted per rule, not in `verdict`
         params = get(doc, "candidates", best, "params")
     if isinstance(params, dict) and params:
         out = {}
@@ -121,7 +121,7 @@ def answers(results: list[Result]) -> list[dict]:
                 row["verdict"] = f"{r.status}: {r.error or r.reasons}"
                 continue
             v = doc["verdict"] if isinstance(doc.get("verdict"), dict) else {}
-            row["task"] = str(get(doc, "task", "family") or ("episodes" if doc.get("schema") == EPISODE_SCHEMA else "—"))
+            row["task"] = str(get(doc, "task", "family") or ("episodes" if doc.get("schema") in EPISODE_SCHEMAS else "—"))
             row["verdict"] = verdict_label(doc)
             params = verdict_params(doc)
             row["params"] = ", ".join(f"{k} {_interval(*p)}" for k, p in params.items()) or "—"

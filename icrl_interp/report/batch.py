@@ -417,7 +417,7 @@ def read_verdict(path) -> dict:
         raise UserError(f"not a verdict JSON file: not valid JSON ({one_line(e)})") from None
     if not isinstance(data, dict) or data.get("schema") not in inputs.VERDICT_SCHEMAS:
         raise UserError(f"not a verdict JSON file: expected an object with schema {inputs.VERDICT_SCHEMA!r}")
-    episode = data["schema"] == inputs.EPISODE_VERDICT_SCHEMA  # behaviour on episodes: no layers, no output
+    episode = data["schema"] in inputs.EPISODE_VERDICT_SCHEMAS  # behaviour on episodes: no layers, no output
     for key in ("verdict", "candidates") if episode else ("layers", "output", "verdict", "candidates"):
         if key not in data:
             raise UserError(f"a verdict JSON file without its {key!r} field")

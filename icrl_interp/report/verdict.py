@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from .causal import save
 
-from ..analyzers.inputs import EPISODE_VERDICT_SCHEMA as EPISODE_SCHEMA  # noqa: E402
+from ..analyzers.inputs import EPISODE_VERDICT_SCHEMAS as EPISODE_SCHEMAS  # noqa: E402
 from ..analyzers.inputs import VERDICT_SCHEMA as SCHEMA  # noqa: E402
 
 
@@ -101,7 +101,7 @@ def write_figure(v: dict, path, title: str = "") -> Path:
 def html_table(v: dict) -> str:
     """The report's table: per layer the verdict, the best candidate's R² and interval, the margin, and whether
     the probes and the causal test point at the same candidate (an episode verdict: `episode_table`)."""
-    if v.get("schema") == EPISODE_SCHEMA:
+    if v.get("schema") in EPISODE_SCHEMAS:
         return episode_table(v)
 
     def fmt(x, ci=None):
@@ -125,7 +125,7 @@ def html_table(v: dict) -> str:
 
 
 def episode_table(v: dict) -> str:
-    """An episode verdict (`icrl_interp.episode_verdict/1`, docs/episodes.md "The behavioural verdict"): per rule
+    """An episode verdict (`icrl_interp.episode_verdict/1` or `/2`, docs/episodes.md "The behavioural verdict"): per rule
     and baseline the held-out mean log-likelihood per step with its interval and the fitted parameters with
     theirs, then the verdict's text."""
     def fmt(x, ci=None):

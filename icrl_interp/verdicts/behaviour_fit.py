@@ -19,7 +19,17 @@ there): cheap, and first-order accurate around the fit.
 Candidates are compared by their held-out mean log-likelihood per step, with paired bootstrap intervals over
 the held-out histories. Baselines the winner must beat: ``uniform`` (log 1/A per step), ``static`` (action
 frequencies per observation on the training histories, add-one smoothed) and ``action_sequence``
-(P(a_t | a_{t-1}, o_t) on the training histories, add-one smoothed; a_{-1} is a start symbol). The label is
+(P(a_t | a_{t-1}, o_t) on the training histories, add-one smoothed; a_{-1} is a start symbol) and
+``history_frequency``, the within-history action frequency: how often each action was taken so far IN THIS
+HISTORY at this observation, backed off to how often it was taken so far in the history at any observation,
+backed off to uniform (a hierarchical Dirichlet-multinomial predictive rule),
+P(a_t = a) = (n_t(o_t, a) + c_s p_t(a)) / (n_t(o_t) + c_s), p_t(a) = (n_t(a) + c_h / A) / (n_t + c_h), the counts
+n_t over the steps before t of the history's own actions (step t's is not among them). A policy maps
+observations to actions, so a fixed stochastic policy drawn per history (a decoy no rule explains and no
+baseline fitted across histories predicts) is what per-observation counts learn; where an observation is rare
+the history-wide counts stand in (a perseverating agent). Its two concentrations are fitted by maximum
+likelihood on the training histories (`fit_history_frequency`): c_s large is history-wide frequency, both
+large is uniform. The label is
 the best candidate when the plain 95 % intervals of its differences with every baseline lie above 0, else
 "none fits"; it is `clear` when the Bonferroni-adjusted intervals (one comparison per other candidate and
 baseline) of its differences with the runner-up and every baseline all lie above 0; otherwise
@@ -40,10 +50,15 @@ from ..interventions.statistics import interval
 from ..tasks import learners
 from .behaviour import adjusted, adjusted_resamples, more_tasks
 
-SCHEMA = "icrl_interp.episode_verdict/1"
+SCHEMA = "icrl_interp.episode_verdict/2"
+"""Version 2 (from 1): the baseline ``history_frequency`` (with its fitted ``params``) and its check in
+``verdict.checks``, one more comparison in ``verdict.comparisons``, ``histories.split``; on an episode recording
+``representation`` (`verdicts.episode_evidence`)."""
 CANDIDATES = learners.NAMES
 """The candidate rules, in the verdict's order."""
-BASELINES = ("uniform", "static", "action_sequence")
+BASELINES = ("uniform", "static", "action_sequence", "history_frequency")
+CONCENTRATIONS = tuple(np.geomspace(1e-2, 1e3, 11))
+"""The within-history baseline's concentrations tried on its grid (and the range of its search)."""
 GRID = {"alpha": (0.03, 0.1, 0.2, 0.35, 0.6, 1.0), "gamma": (0.0, 0.5, 0.8, 0.95), "lam": (0.0, 0.4, 0.8, 1.0)}
 """The coarse grid of the fit's starting point, per parameter."""
 BETA_GRID = tuple(np.geomspace(0.25, 64.0, 9))
@@ -92,8 +107,9 @@ def _weights(draws: np.ndarray, n: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ baselines
-def baseline_logliks(train, w_train, test, w_test) -> dict[str, np.ndarray]:
-    """Per held-out history, the log-likelihood sum of each baseline fitted on the training histories."""
+def baseline_logliks(train, w_train, test, w_test, fitted: dict | None = None) -> dict[str, np.ndarray]:
+    """Per held-out history, the log-likelihood sum of each baseline fitted on the training histories; `fitted`
+    (a dict, when given) receives the fitted parameters of the baselines that have them."""
     A = train.n_actions
     S = train.n_observations
     out = {"uniform": -np.log(A) * w_test.sum((1, 2))}
@@ -111,7 +127,67 @@ def baseline_logliks(train, w_train, test, w_test) -> dict[str, np.ndarray]:
     np.add.at(seq, (prev(train).ravel(), obs_tr.ravel()), w_train.reshape(-1, A))
     seq = np.log(seq / seq.sum(-1, keepdims=True))
     out["action_sequence"] = (w_test * seq[prev(test), obs_te]).sum((1, 2))
+    c_state, c_history = fit_history_frequency(train, w_train)
+    out["history_frequency"] = history_frequency_loglik(test, w_test, c_state, c_history)
+    if fitted is not None:
+        fitted["history_frequency"] = {"c_state": c_state, "c_history": c_history}
     return out
+
+
+def history_counts(episodes) -> tuple[np.ndarray, np.ndarray]:
+    """([H, T, A] how often each action was taken in the history BEFORE step t, [H, T, A] the same among the
+    earlier steps at o_t's observation): the history's own actions (what a model reading it has seen), not the
+    fitted targets. Counts of 0/1 in float64: exact."""
+    H, T, A = episodes.n_histories, episodes.n_steps, episodes.n_actions
+    valid = np.asarray(episodes.valid, bool)
+    onehot = np.zeros((H, T, A))
+    h, t = np.nonzero(valid)
+    onehot[h, t, episodes.actions[h, t]] = 1.0
+    total = np.cumsum(onehot, 1) - onehot  # exclusive: step t's own action is not yet seen
+    key = (np.arange(H)[:, None] * episodes.n_observations + np.where(valid, episodes.observations, 0)).ravel()
+    order = np.argsort(key, kind="stable")  # grouped by (history, observation), time order kept inside a group
+    x = onehot.reshape(-1, A)[order]
+    c = np.cumsum(x, 0) - x
+    k = key[order]
+    first = np.maximum.accumulate(np.where(np.r_[True, k[1:] != k[:-1]], np.arange(k.size), 0))
+    per_state = np.empty_like(c)
+    per_state[order] = c - c[first]  # counts of the group's rows before this one
+    return total, per_state.reshape(H, T, A)
+
+
+def history_frequency_loglik(episodes, w, c_state, c_history, counts=None) -> np.ndarray:
+    """[..., H] log-likelihood sums of the within-history action-frequency baseline (module docstring) with
+    concentrations c_state, c_history (scalars or arrays broadcast over a leading grid axis); `counts`:
+    `history_counts(episodes)`, when already made."""
+    total, state = history_counts(episodes) if counts is None else counts
+    cs = np.asarray(c_state, np.float64)[..., None, None, None]
+    ch = np.asarray(c_history, np.float64)[..., None, None, None]
+    A = total.shape[-1]
+    p_hist = (total + ch / A) / (total.sum(-1, keepdims=True) + ch)
+    p = (state + cs * p_hist) / (state.sum(-1, keepdims=True) + cs)
+    return (w * np.log(p)).sum((-2, -1))
+
+
+def fit_history_frequency(episodes, w) -> tuple[float, float]:
+    """(c_state, c_history) maximizing the baseline's log-likelihood of `w` on these (training) histories: the best
+    point of `CONCENTRATIONS` squared, then L-BFGS-B in log concentrations within the grid's range."""
+    from scipy.optimize import minimize
+
+    counts = history_counts(episodes)
+    g = np.log(np.asarray(CONCENTRATIONS))
+    cs, ch = np.meshgrid(g, g, indexing="ij")
+    ll = np.stack([history_frequency_loglik(episodes, w, np.exp(cs[i]), np.exp(ch[i]), counts).sum(-1)
+                   for i in range(g.size)])
+    i, j = np.unravel_index(np.argmax(ll), ll.shape)
+    steps = max(float(w.sum()), 1.0)
+
+    def f(x):
+        return -float(history_frequency_loglik(episodes, w, np.exp(x[0]), np.exp(x[1]), counts).sum()) / steps
+
+    res = minimize(f, np.array([g[i], g[j]]), method="L-BFGS-B", bounds=[(g[0], g[-1])] * 2,
+                   options={"maxiter": MAX_ITER, "ftol": 1e-12})
+    x = res.x if res.fun <= f(np.array([g[i], g[j]])) else np.array([g[i], g[j]])
+    return float(np.exp(x[0])), float(np.exp(x[1]))
 
 
 # ------------------------------------------------------------------ the fit of one candidate
@@ -246,9 +322,12 @@ def split(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarr
 
 
 def fit_behaviour(episodes, *, action_probs=None, split_seed: int = 0, test_fraction: float = 0.3,
-                  bootstrap: int = 1000, fit_resamples: int = 100, candidates=None, source: str | None = None) -> dict:
+                  bootstrap: int = 1000, fit_resamples: int = 100, candidates=None, source: str | None = None,
+                  held_out=None) -> dict:
     """The episode verdict's behavioural part (JSON, schema `SCHEMA`; module docstring). `action_probs` [H, T, A]:
-    fit to a model's action probabilities on the episodes (else to the episodes' own actions)."""
+    fit to a model's action probabilities on the episodes (else to the episodes' own actions). `held_out`: the
+    held-out history indices, when another part of the verdict fixes them (the probes' split,
+    `verdicts.episode_evidence`); else `split(H, test_fraction, split_seed)`."""
     learners.discrete(episodes)
     if not 0.0 < test_fraction < 1.0:
         raise UserError(f"test_fraction must lie in (0, 1), got {test_fraction}")
@@ -256,20 +335,28 @@ def fit_behaviour(episodes, *, action_probs=None, split_seed: int = 0, test_frac
     for n in names:
         learners.rule_class(n)
     w = targets(episodes, action_probs)
-    tr_idx, te_idx = split(episodes.n_histories, test_fraction, split_seed)
+    if held_out is None:
+        tr_idx, te_idx = split(episodes.n_histories, test_fraction, split_seed)
+    else:
+        te_idx = np.unique(np.asarray(held_out, np.int64))
+        tr_idx = np.setdiff1d(np.arange(episodes.n_histories), te_idx)
+        if te_idx.size < 2 or tr_idx.size < 2 or te_idx[0] < 0 or te_idx[-1] >= episodes.n_histories:
+            raise UserError(f"the behavioural fit needs at least 2 held-out and 2 training histories among "
+                            f"{episodes.n_histories}, got {te_idx.size} held out")
     train, test = episodes.select(tr_idx), episodes.select(te_idx)
     w_tr, w_te = w[tr_idx], w[te_idx]
     rng = np.random.default_rng([split_seed, 0xB00])
     fit_w = _weights(rng.integers(0, tr_idx.size, (fit_resamples, tr_idx.size)), tr_idx.size) if fit_resamples else None
     fits = {n: fit_candidate(n, train, w_tr, test, w_te, fit_w) for n in names}
-    base = baseline_logliks(train, w_tr, test, w_te)
+    base_params = {}
+    base = baseline_logliks(train, w_tr, test, w_te, base_params)
     cols = names + list(BASELINES)
-    LL = np.stack([fits[n]["held_out"] for n in names] + [base[b] for b in BASELINES], 1)  # [H_test, C + 3]
+    LL = np.stack([fits[n]["held_out"] for n in names] + [base[b] for b in BASELINES], 1)  # [H_test, C + B]
     n_steps = w_te.sum((1, 2))
     comparisons = len(cols) - 1
     R = adjusted_resamples(comparisons, bootstrap)
     Wt = _weights(rng.integers(0, te_idx.size, (R, te_idx.size)), te_idx.size)
-    boot = (Wt @ LL) / (Wt @ n_steps)[:, None]  # [R, C + 3] mean log-likelihood per step
+    boot = (Wt @ LL) / (Wt @ n_steps)[:, None]  # [R, C + B] mean log-likelihood per step
     mean = LL.sum(0) / n_steps.sum()
     reduces = {}
     for big, small, key, value in NESTED:
@@ -280,7 +367,8 @@ def fit_behaviour(episodes, *, action_probs=None, split_seed: int = 0, test_frac
     out = {"schema": SCHEMA, "version": __version__, "source": source,
            "fitted_to": "actions" if action_probs is None else "action_probs",
            "histories": {"train": int(tr_idx.size), "held_out": int(te_idx.size), "split_seed": int(split_seed),
-                         "test_fraction": float(test_fraction), "held_out_indices": te_idx.tolist()},
+                         "test_fraction": float(test_fraction), "held_out_indices": te_idx.tolist(),
+                         "split": "seeded permutation" if held_out is None else "given"},
            "steps": {"train": float(w_tr.sum()), "held_out": float(n_steps.sum())},
            "bootstrap": {"held_out_resamples": int(R), "fit_resamples": int(fit_resamples)},
            "candidates": {}, "baselines": {}, "verdict": verdict}
@@ -292,14 +380,14 @@ def fit_behaviour(episodes, *, action_probs=None, split_seed: int = 0, test_frac
                                     "grid_start": f["grid_start"], "iterations": f["iterations"],
                                     "fit_seconds": f["seconds"]}
         else:
-            out["baselines"][c] = entry
+            out["baselines"][c] = {**entry, **({"params": base_params[c]} if c in base_params else {})}
     return out
 
 
 def decide(names: list[str], mean: np.ndarray, boot: np.ndarray, comparisons: int, n_held_out: int,
            test_fraction: float, reduces: dict | None = None) -> dict:
-    """The label from held-out mean log-likelihoods per step (`mean` [C + 3], candidates then BASELINES) and
-    their paired bootstrap samples `boot` [R, C + 3] (module docstring); `reduces`: candidate -> the nested
+    """The label from held-out mean log-likelihoods per step (`mean` [C + B], candidates then BASELINES) and
+    their paired bootstrap samples `boot` [R, C + B] (module docstring); `reduces`: candidate -> the nested
     candidate it reduces to at its fit (`NESTED`), left out of the ranking."""
     C = len(names)
     reduces = reduces or {}

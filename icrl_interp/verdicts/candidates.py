@@ -32,7 +32,9 @@ task's gamma and a few between; for the linear candidates then `refined_gammas` 
 grid neighbours): a model may bootstrap with a discount other than the task's, and one with
 gamma' = 0 does not bootstrap at all (it regresses on the immediate reward). `fit` refits on bootstrap
 resamples of the training tasks (rows of `weights`) for intervals on every fitted parameter; the linear
-candidates run the whole step-size grid at once (`Candidate.sweep`).
+candidates and actor-critic run the whole step-size grid at once (`Candidate.sweep`), and their step sizes are
+polished by Gauss-Newton at every step k (`_runs`): k small steps imitate fewer larger ones, so each k is scored
+at its own least-squares step sizes.
 """
 from __future__ import annotations
 
@@ -53,15 +55,15 @@ REFINE = 8
 """Step sizes `fit` adds on each side of a `sweep` candidate's best grid step size (geometric, up to the
 neighbours on the grid), so that gamma' does not compensate for a step size between grid points."""
 GAUSS_NEWTON = 3
+"""Gauss-Newton steps on the step sizes after the grid, at every step k (`_gauss_newton`)."""
+STEP_SIZES = ("alpha", "beta")
+"""The hyperparameters `fit` polishes by Gauss-Newton (where a `sweep` candidate has them): the step sizes."""
 POINTS_PER_CHUNK = 32
 """Grid points of a candidate that runs one point at a time, scored together by `fit`."""
 REFINE_WITHIN = 10.0
 """A gamma' whose least error on the grid is within this factor of the best gamma''s gets refined step sizes."""
-"""Gauss-Newton steps on the step size after the grid (`_gauss_newton`)."""
 RESOLUTION = float((ALPHA_GRID[2] / ALPHA_GRID[1]) ** (1 / (REFINE + 1)))
 """The ratio of neighbouring refined step sizes (2.2 %): a refined step size's interval reaches this far out."""
-COARSE_GRID = np.concatenate([[0.0], ALPHA_GRID[1::3]])
-"""The grid of candidates with two step sizes (every third point of ALPHA_GRID; 1.0 is on it)."""
 SCALE_GRID = np.array([0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
 """Softmax score scales tried by `fit` (beta^2 of one-hot x beta features)."""
 GAMMA_GRID = (0.0, 0.25, 0.5, 0.75, 0.9)
@@ -222,7 +224,8 @@ class Candidate:
     discount: bool = False
     """It bootstraps (or discounts) with a gamma' that `fit` chooses on `gamma_grid` (else the task's gamma)."""
     sweep: bool = False
-    """`run` takes an array of step sizes at once (hyper["alpha"] [A]) and returns outputs [A, B, K+1, k]."""
+    """`run` takes an array of step sizes at once (hyper["alpha"] [A], and hyper["beta"] [A] or one beta) and returns
+    outputs [A, B, K+1, k]; `fit` sweeps "alpha" as the innermost grid name and polishes `STEP_SIZES`."""
     family_lambda: float | None = None
     """Its lambda, for a member of the TD(lambda) family (td0: 0): the verdict's lambda interval is over them."""
 
@@ -298,7 +301,7 @@ def _sweep(tr: Transitions, K: int, alphas: np.ndarray, error, D: np.ndarray, af
         outs.append(_output(tr, w))
         if k < K:
             if affine:
-                w = w + step * (b - (G * w[:, :, None, :]).sum(-1))
+                w = w + step * (b - (G @ w[..., None])[..., 0])
             else:
                 w = w + step * _weighted(error(w, _values(tr.phi, w)), D)
     return Trace(np.stack(outs, -2), {})
@@ -359,10 +362,14 @@ def expected_next(tr: Transitions) -> np.ndarray:
 
 
 def greedy_values(tr: Transitions, w: np.ndarray) -> np.ndarray:
-    """[B, n] max_a w.phi(s'_i, a): Q-learning's successor values."""
+    """[..., B, n] max_a w.phi(s'_i, a): Q-learning's successor values (w [..., B, d])."""
     B, n, A, d = tr.next_options.shape
-    q = tr.next_options.reshape(B, n * A, d) @ w[..., None]
-    return q.reshape(q.shape[:-3] + (B, n, A)).max(-1)
+    opts = tr.__dict__.get("_options_by_action")
+    if opts is None:  # [B, A n, d], action-major: the max runs over whole rows of n values, not a short last axis
+        opts = tr.__dict__["_options_by_action"] = np.ascontiguousarray(
+            tr.next_options.transpose(0, 2, 1, 3)).reshape(B, A * n, d)
+    q = opts @ w[..., None]
+    return q.reshape(q.shape[:-3] + (B, A, n)).max(-2)
 
 
 def expected_sarsa(tr: Transitions, alpha: float | np.ndarray, K: int) -> Trace:
@@ -373,10 +380,14 @@ def q_learning(tr: Transitions, alpha: float | np.ndarray, K: int) -> Trace:
     return _iterate(tr, K, alpha, lambda w, v: td_error(tr, w, greedy_values(tr, w), v), tr.phi, affine=False)
 
 
-def actor_critic(tr: Transitions, alpha: float, beta: float, K: int) -> Trace:
+def actor_critic(tr: Transitions, alpha: float | np.ndarray, beta: float | np.ndarray, K: int) -> Trace:
     """Critic w += (beta/n) sum_i delta_i phi_i; actor lam += (alpha/n) sum_i gamma^i delta_i g_i (as
-    `reference.actor_critic_update`, iterated K times with the scores of the prompt)."""
+    `reference.actor_critic_update`, iterated K times with the scores of the prompt). Arrays of step sizes
+    (alpha [A] and/or beta [A], broadcast to pairs) run every pair at once (`_actor_critic_sweep`)."""
     K = V.count("steps", K, 0)
+    if np.ndim(alpha) == 1 or np.ndim(beta) == 1:
+        alphas, betas = np.broadcast_arrays(np.asarray(alpha, np.float64), np.asarray(beta, np.float64))
+        return _actor_critic_sweep(tr, alphas, betas, K)
     w, lam = tr.w0.copy(), tr.lam0.copy()
     outs, errs, vals = [], [], []
     for k in range(K + 1):
@@ -387,6 +398,26 @@ def actor_critic(tr: Transitions, alpha: float, beta: float, K: int) -> Trace:
             w, lam = reference.actor_critic_update(tr.phi, tr.phi_next, tr.rewards, tr.scores, w, lam, tr.gamma,
                                                    alpha, beta)
     return Trace(np.stack(outs, 1), {"td_error": np.stack(errs, 1), "value": np.stack(vals, 1)})
+
+
+def _actor_critic_sweep(tr: Transitions, alphas: np.ndarray, betas: np.ndarray, K: int) -> Trace:
+    """`actor_critic` for every pair (alphas[j], betas[j]) at once: outputs [A, B, K+1, d + m]. The critic (and so
+    every delta) depends on beta alone, and the actor is linear in alpha: lam_k = lam_0 + alpha S_k with
+    S_k = sum_{j<k} (1/n) sum_i gamma^i delta_i(w_j) g_i, so one critic run per distinct beta serves every alpha."""
+    B, n, d = tr.shape
+    ub, inv = np.unique(betas, return_inverse=True)
+    w = np.broadcast_to(tr.w0, (ub.size, B, d)).copy()
+    g = (tr.gamma ** np.arange(n))[:, None] * tr.scores  # [B, n, m]: the discounted scores
+    S = np.zeros((ub.size, B, g.shape[-1]))
+    ws, ss = [w], [S]
+    for _ in range(K):
+        delta = td_error(tr, w)  # [u, B, n]
+        w = w + (ub[:, None, None] / n) * _weighted(delta, tr.phi)
+        S = S + _weighted(delta, g) / n
+        ws.append(w)
+        ss.append(S)
+    lam = tr.lam0[:, None] + alphas[:, None, None, None] * np.stack(ss, -2)[inv]  # [A, B, K+1, m]
+    return Trace(np.concatenate([np.stack(ws, -2)[inv], lam], -1), {})
 
 
 # ------------------------------------------------------------------ softmax kernels
@@ -458,8 +489,8 @@ def _linear_set() -> list[Candidate]:
                   _all(_control, _need("next_options", "no features of every action at the next state")), **lin),
         Candidate("actor_critic", "actor-critic: SARSA critic (step beta) and policy-gradient actor (step alpha)",
                   lambda tr, h, K: actor_critic(tr, h["alpha"], h["beta"], K),
-                  {"alpha": COARSE_GRID, "beta": COARSE_GRID},
-                  _all(_control, _need("scores", "no policy scores (not an actor-critic task)"))),
+                  {"beta": ALPHA_GRID, "alpha": ALPHA_GRID},  # alpha innermost: one critic run per beta (`sweep`)
+                  _all(_control, _need("scores", "no policy scores (not an actor-critic task)")), sweep=True),
         Candidate("softmax_td", "weighted softmax TD: v(S_j) += alpha sum_k softmax_k(scale x_{k-1}.x_j) delta_k",
                   lambda tr, h, K: softmax_td(tr, h["alpha"], h["scale"], K), {**ALPHA, "scale": SCALE_GRID},
                   _need("x", "no features of the trajectory's states (not a softmax-kernel task)")),
@@ -519,7 +550,8 @@ class Fit:
     """hyperparameter -> [low, high] of the grid values that fit as well as the best (within TIE_RTOL): e.g.
     every gamma' after one TD step from w_0 = 0, where every TD error is the reward."""
     resolution: float | None = None
-    """Ratio of neighbouring step sizes tried near the fit (refined ones): the alpha interval reaches this far."""
+    """Ratio of neighbouring step sizes tried near the fit (refined ones): the alpha (and beta) interval reaches
+    this far."""
     gamma_spacing: float | None = None
     """Half the spacing of the discounts tried near the fit (`gamma_spacing`): the gamma' interval reaches this
     far (0 < gamma' = 0 stays 0: the interval is clipped to [0, 1])."""
@@ -539,7 +571,7 @@ class Fit:
         if name in self.ties:
             lo, hi = min(lo, self.ties[name][0]), max(hi, self.ties[name][1])
         lo, hi = min(lo, float(point)), max(hi, float(point))
-        if name == "alpha" and self.resolution:
+        if name in STEP_SIZES and self.resolution:
             lo, hi = lo / self.resolution, hi * self.resolution  # the step sizes tried are this far apart
         return [lo, hi]
 
@@ -584,36 +616,79 @@ def _sse(out: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(sse), sse, np.inf)
 
 
-def _gauss_newton(c: Candidate, tr: Transitions, outer: dict, K: int, targets: np.ndarray, start: np.ndarray):
-    """Gauss-Newton steps on the step size of each (target l, step k) from start [M] (alpha, l, k rows): the
-    output is smooth in alpha, so alpha += sum r g / sum g^2 with g = d output / d alpha (a forward difference)
-    reaches the least-squares step size to rounding in a few steps (a zero-residual fit converges
-    quadratically). Yields (alphas [M], outputs [M, B, K+1, k]) of every iterate."""
-    alpha, l, k = start[:, 0], start[:, 1].astype(int), start[:, 2].astype(int)
-    rows = np.arange(alpha.size)
+def _gauss_newton(c: Candidate, tr: Transitions, outer: dict, K: int, targets: np.ndarray, start: np.ndarray,
+                  names: tuple = ("alpha",)):
+    """Gauss-Newton steps on the step sizes `names` of each (target l, step k) from start [M, P + 2] (the P step
+    sizes, l, k per row): the output is smooth in them, so x += (J^T J)^+ J^T r with J = d output / d x (forward
+    differences) reaches the least-squares step sizes of that k to rounding in a few steps (a zero-residual fit
+    converges quadratically; actor-critic's output is linear in alpha and beta at k = 1: one step). Yields
+    (step sizes [M, P], outputs [M, B, K+1, k]) of every iterate."""
+    x, l, k = start[:, :-2].copy(), start[:, -2].astype(int), start[:, -1].astype(int)
+    rows = np.arange(x.shape[0])
+
+    def at(v):
+        return run(c, tr, {**outer, **{name: v[:, j] for j, name in enumerate(names)}}, K).outputs
+
     for it in range(GAUSS_NEWTON + 1):
-        out = run(c, tr, {**outer, "alpha": alpha}, K).outputs
-        yield alpha, out
+        out = at(x)
+        yield x, out
         if it == GAUSS_NEWTON:
             return
-        h = alpha * 1e-6
-        g = (run(c, tr, {**outer, "alpha": alpha + h}, K).outputs[rows, :, k] - out[rows, :, k]) / h[:, None, None]
-        r = targets[l] - out[rows, :, k]  # [M, B, k]
-        step = (r * g).sum((1, 2)) / np.maximum((g * g).sum((1, 2)), 1e-300)
-        new = np.clip(alpha + step, alpha / 2, alpha * 2)  # a trust region: never past a factor of 2
-        alpha = np.where(np.isfinite(new), new, alpha)
+        o = out[rows, :, k].reshape(rows.size, -1)  # [M, B k]
+        r = targets[l].reshape(rows.size, -1) - o
+        J = []
+        for j in range(x.shape[1]):
+            h = x[:, j] * 1e-6
+            xh = x.copy()
+            xh[:, j] += h
+            J.append((at(xh)[rows, :, k].reshape(rows.size, -1) - o) / h[:, None])
+        J = np.stack(J, -1)  # [M, B k, P]
+        A, g = J.transpose(0, 2, 1) @ J, (J.transpose(0, 2, 1) @ r[..., None])[..., 0]
+        ok = np.isfinite(A).all((1, 2)) & np.isfinite(g).all(1)
+        step = (np.linalg.pinv(np.where(ok[:, None, None], A, 0.0)) @ np.where(ok[:, None], g, 0.0)[..., None])[..., 0]
+        new = np.clip(x + step, x / 2, x * 2)  # a trust region: never past a factor of 2
+        x = np.where(np.isfinite(new), new, x)
+
+
+def _best_per_step(tried: list, polish: tuple, L: int, K: int, least: np.ndarray):
+    """Where Gauss-Newton starts: for each group of sweeps that share their outer values not polished (gamma'),
+    and each target l whose least error in the group is within REFINE_WITHIN of `least` [L], every step k >= 1 from
+    its best tried point (over the group's polished outer values, e.g. beta, and its step sizes). Yields (the
+    group's fixed outer dict, start rows [M, P + 2])."""
+    groups: dict = {}
+    for outer, a_all, sse in tried:
+        fixed = {k_: v for k_, v in outer.items() if k_ not in polish}
+        groups.setdefault(tuple(sorted(fixed.items())), (fixed, []))[1].append((outer, a_all, sse))
+    for fixed, members in groups.values():
+        err = np.stack([sse.min(0) for _, _, sse in members])  # [members, L, K+1]
+        arg = np.stack([np.argmin(sse, 0) for _, _, sse in members])
+        near = err.min((0, 2)) <= REFINE_WITHIN * least  # [L]
+        start = []
+        for l_ in np.nonzero(near)[0]:
+            for k_ in range(1, K + 1):
+                m = int(np.argmin(err[:, l_, k_]))
+                outer, a_all, _ = members[m]
+                a = a_all[arg[m, l_, k_]]
+                if a > 0 and np.isfinite(err[m, l_, k_]) and all(outer.get(p, 1.0) > 0 for p in polish[1:]):
+                    start.append([a] + [outer[p] for p in polish[1:]] + [l_, k_])
+        if start:
+            yield fixed, np.array(start, dtype=np.float64)
 
 
 def _runs(c: Candidate, tr: Transitions, K: int, targets: np.ndarray):
     """(points, outputs [P, B, K+1, k], closed form?) over the grid, a chunk at a time: for a `sweep` candidate
-    the step-size grid in one run per gamma'; then, for each gamma' within REFINE_WITHIN of a target's least
-    error, the step sizes `refined` around that target's best; then Gauss-Newton on the step size at the steps
-    next to each target's best k, for the gamma' that fit it best (and those tied with it): alpha and k trade
-    off, and a grid step size would let a neighbouring k win. One run per point otherwise."""
+    the step-size grid in one run per outer value (gamma', or actor-critic's critic step beta); then the outer
+    values refined between the best and its grid neighbours (`refined_gammas`, `refined`); then, for each outer
+    value within REFINE_WITHIN of a target's least error, the step sizes `refined` around that target's best; then
+    Gauss-Newton on the step sizes (alpha, and beta) at *every* step k from its best point so far, for each gamma'
+    near the best: alpha and k trade off (k small steps imitate fewer larger ones), and a step size between the
+    tried ones would let another k or gamma' win, so each k is scored at its own least-squares step sizes (a
+    profile over k). One run per point otherwise."""
     points = grid_points(c, tr.gamma)
     if c.sweep:
         alphas = c.grid["alpha"]
-        tried = []  # per gamma': [outer, step sizes tried, sse [A, L, K+1]]
+        polish = tuple(p for p in STEP_SIZES if p in c.grid)
+        tried = []  # per outer value: [outer, step sizes tried, sse [A, L, K+1]]
 
         def sweep(outer: dict):
             with np.errstate(all="ignore"):
@@ -621,14 +696,15 @@ def _runs(c: Candidate, tr: Transitions, K: int, targets: np.ndarray):
             tried.append([outer, alphas, _sse(out, targets)])
             return [{**outer, "alpha": float(a)} for a in alphas], out, False
 
-        for lo in range(0, len(points), alphas.size):
+        for lo in range(0, len(points), alphas.size):  # alpha is the innermost grid name
             yield sweep({k: v for k, v in points[lo].items() if k != "alpha"})
-        if c.discount and tried and "gamma" in tried[0][0]:  # gamma' between the grid's values near each best
-            grid = np.array([t[0]["gamma"] for t in tried])
-            best = [int(j) for j in np.argmin(np.stack([t[2].min((0, 2)) for t in tried]), 0)]  # [L]
-            for g in refined_gammas(grid, best):
-                yield sweep({**tried[0][0], "gamma": float(g)})
-        least = np.min([t[2].min((0, 2)) for t in tried], 0)  # [L]: the least error over every gamma'
+        for key, between in (("gamma", refined_gammas), ("beta", refined)):  # outer values between the grid's
+            if tried and key in tried[0][0]:
+                grid = np.array([t[0][key] for t in tried])
+                best = [int(j) for j in np.argmin(np.stack([t[2].min((0, 2)) for t in tried]), 0)]  # [L]
+                for v in between(grid, best):
+                    yield sweep({**tried[0][0], key: float(v)})
+        least = np.min([t[2].min((0, 2)) for t in tried], 0)  # [L]: the least error over every outer value
         for t in tried:
             outer, _, sse = t
             near = sse.min((0, 2)) <= REFINE_WITHIN * least  # [L]
@@ -639,18 +715,12 @@ def _runs(c: Candidate, tr: Transitions, K: int, targets: np.ndarray):
                 yield [{**outer, "alpha": float(a)} for a in fine], out, False
                 t[1:] = [np.r_[alphas, fine], np.concatenate([sse, _sse(out, targets)])]
         least = np.min([t[2].min((0, 2)) for t in tried], 0)
-        for outer, a_all, sse in tried:
-            # [L]: every gamma' within REFINE_WITHIN of the best before polishing: a grid alpha may favour a
-            # neighbouring gamma' and k that the polished alpha at the true gamma' beats
-            near = sse.min((0, 2)) <= REFINE_WITHIN * least
-            best, kbest = np.argmin(sse, 0), np.argmin(sse.min(0), -1)  # [L, K+1], [L]
-            start = [(a_all[best[l, k]], l, k) for l in np.nonzero(near)[0]
-                     for k in range(max(1, kbest[l] - 2), min(K, kbest[l] + 2) + 1)
-                     if a_all[best[l, k]] > 0 and np.isfinite(sse[best[l, k], l, k])]
-            if start:
-                with np.errstate(all="ignore"):
-                    for a, o in _gauss_newton(c, tr, outer, K, targets, np.array(start, dtype=np.float64)):
-                        yield [{**outer, "alpha": float(x)} for x in a], o, False
+        # every gamma' within REFINE_WITHIN of the best before polishing: a grid alpha may favour a neighbouring
+        # gamma' and k that the polished alpha at the true gamma' beats
+        for fixed, start in _best_per_step(tried, polish, targets.shape[0], K, least):
+            with np.errstate(all="ignore"):
+                for x, o in _gauss_newton(c, tr, fixed, K, targets, start, polish):
+                    yield [{**fixed, **{p: float(v) for p, v in zip(polish, row)}} for row in x], o, False
         return
     for lo in range(0, len(points), POINTS_PER_CHUNK):  # a few points at a time: one weighted sum for them all
         with np.errstate(all="ignore"):

@@ -21,6 +21,7 @@ import inspect
 import json
 import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -135,12 +136,37 @@ def score(truth: R.Truth, label: str, clear: bool, inside: dict, conclusion: str
 
 
 # ------------------------------------------------------------------ one entry
+@contextmanager
+def one_thread():
+    """torch's intra-op pool and every BLAS / OpenMP pool at one thread (`ICRL_INTERP_THREADS` where set) inside the
+    block, restored after. The zoo's models and candidate fits are many small operations: on the shared 2-core
+    machine a teacher's forward pass of 128 prompts took 0.33 s of CPU with two torch threads, 0.013 s with one."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    from ..core import threads
+
+    n = threads.override() or 1
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        with threadpool_limits(n):
+            yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def judge(entry: R.Entry, settings: dict, progress: bool = False) -> dict:
     """The row of one entry: its truth, the verdict, the causal conclusion at its layer, the score."""
+    with one_thread():
+        return _judge(entry, settings, progress)
+
+
+def _judge(entry: R.Entry, settings: dict, progress: bool) -> dict:
     from ..interventions import causal
     from ..verdicts.causal_evidence import verdict
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     model = entry.model()
     config = entry.config()
     v = verdict(model=model, task=config, probe=entry.probe_roles, tasks=settings["tasks"], prompt_seed=entry.seed,
@@ -171,6 +197,7 @@ def judge(entry: R.Entry, settings: dict, progress: bool = False) -> dict:
         "probe": probe_of(v, entry.truth.target_layer, entry.truth.algorithm),
         "score": score(entry.truth, label, bool(fin.get("clear")), inside, conclusion, entry.kind),
         "seconds": round(time.perf_counter() - start, 2),
+        "cpu_seconds": round(time.process_time() - cpu, 2),  # this process's CPU (all its threads): load-independent
     }
 
 
@@ -269,6 +296,7 @@ def run(out, set_name: str = "default", zoo_seed: int = 0, progress: bool = True
         "providers": [m for m in R.PROVIDERS], "rows": rows, "summary": summarize(rows), "confusion": confusion(rows),
         "seconds": round(time.perf_counter() - started, 1),
         "row_seconds": round(sum(r["seconds"] for r in rows), 1),  # wall time of the judging, resumed rows included
+        "row_cpu_seconds": round(sum(r.get("cpu_seconds", math.nan) for r in rows), 1),  # NaN: an older row lacks it
     }
     write_json(out / "zoo.json", result)
     return result

@@ -166,8 +166,11 @@ def train(spec: mimics.MimicSpec, seed: int = 0, steps: int | None = None, log=p
                 capture.close()
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                aux = torch.nn.Linear(width, 1).to(dtype)
-        params = list(model.parameters()) + (list(aux.parameters()) if aux is not None else [])
+                squeezed = inter.bottleneck is not None
+                aux = (mimics.CodeReadout(model.squeeze[0]) if squeezed else torch.nn.Linear(width, 1)).to(dtype)
+        # a CodeReadout shares the squeeze with the model: each parameter once
+        params = list({id(p): p for p in [*model.parameters(), *(aux.parameters() if aux is not None else [])]}
+                      .values())
         opt = torch.optim.Adam(params, lr=spec.lr)
         warmup = max(1, steps // 20)
         per_pool = max(1, min(POOL // spec.batch, steps))  # a short run (tests) samples only what it uses
@@ -177,7 +180,7 @@ def train(spec: mimics.MimicSpec, seed: int = 0, steps: int | None = None, log=p
         running = None
         for step in range(steps):
             if step % per_pool == 0:
-                pb = config.sample(POOL, step_rng(seed, step // per_pool))
+                pb = config.sample(per_pool * spec.batch, step_rng(seed, step // per_pool))
                 z_pool = torch.as_tensor(pb.prompt.z, dtype=dtype)
                 y_pool = torch.as_tensor(out_target(pb), dtype=dtype)
                 i_pool = torch.as_tensor(inter_target(pb), dtype=dtype) if inter is not None else None
@@ -203,6 +206,8 @@ def train(spec: mimics.MimicSpec, seed: int = 0, steps: int | None = None, log=p
                 log(f"  {spec.name} s{seed} step {step + 1}/{steps}: loss {running:.4f} "
                     f"({time.perf_counter() - wall0:.0f} s)")
         model.eval()
+        if isinstance(aux, mimics.CodeReadout):
+            aux = aux.as_linear()  # the shipped readout: one linear map of the target layer's stream
         if aux is not None:
             aux.eval()
         record = {"steps": steps, "batch": spec.batch, "lr": spec.lr, "optimizer": "Adam, warm-up 5%, cosine decay, "
@@ -239,7 +244,8 @@ def save(folder, spec: mimics.MimicSpec, seed: int, model, aux, record: dict, fi
             "intermediate": None if spec.intermediate is None else {
                 "layer": spec.intermediate.layer, "hook": f"blocks.{spec.intermediate.layer}.hook_resid_post",
                 "positions": "context", "quantity": "the teacher's error row after that layer (TD errors)",
-                "weight": spec.intermediate.weight, "readout": mimics.AUX},
+                "weight": spec.intermediate.weight, "readout": mimics.AUX,
+                "bottleneck": spec.intermediate.bottleneck},
             "fit": fit_result, "shipped": fit_result["held_out_r2"] >= mimics.MIN_R2, "training": record,
             "versions": {"icrl_interp": __version__, "torch": torch.__version__, "python": platform.python_version(),
                          "numpy": np.__version__},

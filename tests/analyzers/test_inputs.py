@@ -1,12 +1,13 @@
 """Input discovery (the one helper `analyze` and `report` share) and input kinds."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from icrl_interp.core import heap
+from icrl_interp.core import heap, threads
 from icrl_interp.analyzers import inputs
 from icrl_interp.core.errors import UserError
 
@@ -95,9 +96,18 @@ def test_family_dims_and_layouts_of_configs():
     assert inputs.layout_from_config(cfg) == inputs.layout_from_config(cfg.to_dict()) == cfg.model.layout
 
 
-def test_chunked_reading_with_read_ahead_returns_the_file_contents(tmp_path, monkeypatch):
+def _readers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("icrl-interp-reader")]
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_chunked_reading_with_read_ahead_returns_the_file_contents(tmp_path, monkeypatch, cores):
+    """With a core to spare a reader thread reads the next chunk while this one is used (and is gone after);
+    on one core nothing but the caller reads. Both give the stored numbers."""
     from icrl_interp.recording.format import Recording
 
+    monkeypatch.setattr(threads, "allowed_cores", lambda: cores)
+    monkeypatch.delenv(threads.ENV, raising=False)
     p = D.write_recording(tmp_path / "r.h5", "softmax-td", n_prompts=70, batch=20, bf16=True)
     with Recording(p) as rec:
         paths = ["acts/blocks.0.attn.hook_pattern", "prompts/z", "reference/td_errors"]
@@ -110,6 +120,7 @@ def test_chunked_reading_with_read_ahead_returns_the_file_contents(tmp_path, mon
         monkeypatch.setattr(heap, "release_free_memory", lambda: trims.append(seen))
         for start, stop, data in inputs.iter_chunks(rec, paths, rows=16):
             assert stop - start == min(16, 70 - start)
+            assert len(_readers()) == (cores > 1)
             assert len(trims) == start // 16  # the heap is trimmed once after each chunk
             # exact: both read the same stored numbers
             np.testing.assert_array_equal(data[paths[0]], rec.read("blocks.0.attn.hook_pattern", start, stop))
@@ -117,7 +128,32 @@ def test_chunked_reading_with_read_ahead_returns_the_file_contents(tmp_path, mon
             np.testing.assert_array_equal(data["prompts/z"], rec.array("prompts/z", start, stop))
             seen += stop - start
         assert seen == 70 and len(trims) == 5
+        assert not _readers()
     assert inputs.chunk_rows(10, 35, 100) == 2 and inputs.chunk_rows(1, 2**20, 7) == 8
+
+
+def test_a_read_error_of_the_reader_thread_reaches_the_caller_at_its_chunk(tmp_path, monkeypatch):
+    from icrl_interp.recording.format import Recording
+
+    monkeypatch.setattr(threads, "allowed_cores", lambda: 2)
+    monkeypatch.delenv(threads.ENV, raising=False)
+    p = D.write_recording(tmp_path / "r.h5", "softmax-td", n_prompts=70, batch=20)
+    import h5py
+
+    read = h5py.Dataset.__getitem__
+
+    def failing(self, key):
+        if isinstance(key, slice) and key.start == 32:
+            raise OSError("can't read data (bad chunk)")
+        return read(self, key)
+
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", failing)
+    got = []
+    with Recording(p) as rec, pytest.raises(OSError, match="bad chunk"):
+        for start, _, _ in inputs.iter_chunks(rec, ["prompts/z"], rows=16):
+            got.append(start)
+    assert got == [0, 16]  # the chunks before the bad one were analyzed; none after it
+    assert not _readers()
 
 
 def test_heap_release_runs_where_the_c_library_has_malloc_trim():

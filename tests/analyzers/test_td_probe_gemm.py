@@ -5,7 +5,8 @@ float64 and in float32; the statistics held in float64 across chunks whatever th
 
 Mutants killed: a transposed or wrong-fold product (X_f^T Y_g, XX of the next fold), a dropped shift or
 sum, the fold padding of the batched GEMM leaking rows into another fold, the accumulation in float32,
-`on_device` ignoring the device."""
+float32 GEMMs for float32 features on the numpy path or by default on the torch path (the penalty choice
+needs float64 products: td_probe's note on floats), `on_device` ignoring the device."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,12 +30,12 @@ def _chunk(rng, B=40, n=6, F=5, t=3, dtype=np.float64):
 
 
 def _direct(X, Y, fold, keep, x0):
-    """Per fold, Z^T Z of Z = [X - x0, Y, 1] over the kept prompts of the fold, written out in float64."""
+    """Per fold, Z^T Z of Z = [X - x0, Y, 1] over the kept prompts of the fold, written out in float64 (the shift too)."""
     F = X.shape[-1]
     out = []
     for f in range(K + 1):
         sel = keep & (fold == f)
-        Z = np.concatenate([X[sel].reshape(-1, F) - x0, Y[sel].reshape(-1, Y.shape[-1]),
+        Z = np.concatenate([X[sel].reshape(-1, F).astype(np.float64) - x0, Y[sel].reshape(-1, Y.shape[-1]),
                             np.ones((int(sel.sum()) * X.shape[1], 1))], 1).astype(np.float64)
         out.append(Z.T @ Z)
     return np.stack(out)
@@ -47,9 +48,12 @@ def _products(fn, X, Y, fold, keep, x0):
     return fn(X, rows, x0, Y[rows].reshape(-1, Y.shape[-1]), bounds * cols)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("fn", [T.numpy_products, T.TorchProducts("cpu")], ids=["numpy", "torch"])
-def test_products_are_each_folds_gram_blocks(rng, fn):
-    X, Y, fold, keep = _chunk(rng)
+def test_products_are_each_folds_gram_blocks(rng, fn, dtype):
+    """float64 products whatever the features' dtype: float32 features too are within k eps64 of the
+    float64 Gram blocks (a float32 GEMM would be ~1e7 times further off)."""
+    X, Y, fold, keep = _chunk(rng, dtype=dtype)
     F = X.shape[-1]
     x0 = X.reshape(-1, F).mean(0)
     XX, XY, sx = _products(fn, X, Y, fold, keep, x0)
@@ -70,13 +74,13 @@ def _accumulate(products, chunks, F, t):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_torch_path_equals_the_numpy_path_across_chunks(rng, dtype):
-    """Many chunks: the torch path's statistics and fits equal the numpy path's within k eps of the
-    features' dtype at the scale of the sums (float32 features: float32 GEMMs on both paths), and both
-    are held in float64."""
+    """Many chunks: the torch path's statistics and fits equal the numpy path's within k eps of the GEMMs'
+    dtype at the scale of the sums (float32 features here through the float32 option), and both are held
+    in float64."""
     chunks = [_chunk(rng, dtype=dtype) for _ in range(25)]
     F, t = chunks[0][0].shape[-1], chunks[0][1].shape[-1]
     ref = _accumulate(T.numpy_products, chunks, F, t)
-    got = _accumulate(T.TorchProducts("cpu"), chunks, F, t)
+    got = _accumulate(T.TorchProducts("cpu", dtype=np.dtype(dtype).name), chunks, F, t)
     assert ref.G.dtype == got.G.dtype == np.float64  # the sums across chunks are float64
     rows = sum(c[0].shape[0] * c[0].shape[1] for c in chunks)
     scale = np.abs(ref.G).max()

@@ -64,3 +64,64 @@ def test_record_episodes_refusals(tmp_path, capsys):
         assert np.isnan(rec.array("outputs/logits")[3, 6:]).all()  # history 3 ends at step 6: padding
     out.unlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eps.h5", "spec.toml", "user.py"]  # no recording, no lock
+
+
+SECTION = "Recording a model over episodes"
+GIVEN = ["--candidate", "q-learning", "--alpha", "0.5", "--gamma", "0.9", "--inverse-temperature", "10"]
+
+
+def test_the_resume_and_shards_lines_of_the_recording_section_run_and_analyze_alike(tmp_path, monkeypatch, capsys):
+    """docs/episodes.md's `data/ad` lines of its recording section on a small dark.h5 (batches of 1 history in
+    place of the default 128): the plain line interrupted after one batch (exit 130, rec.h5.partial kept), a
+    --resume over another episodes file refused in one line, the --resume line, then the --shards line, each
+    giving the uninterrupted recording's datasets; `analyze` of the sharded recording writes the plain one's JSON."""
+    import json
+    import re
+    from pathlib import Path
+
+    from icrl_interp.recording.episodes import load_episode_model, record_episodes
+    from icrl_interp.recording.format import RecordingWriter
+    from icrl_interp.tasks.collect import collect
+    from tests.recording.test_episodes_resume import _same_recording
+    from tests.test_doc_commands import argv_of, doc_commands
+
+    repo = Path(__file__).resolve().parents[2]
+    parts = re.split(r"^## (.+)$", (repo / "docs" / "episodes.md").read_text(), flags=re.M)
+    (tmp_path / "episodes.md").write_text("".join(b for h, b in zip(parts[1::2], parts[2::2]) if h.strip() == SECTION))
+    lines = [argv_of(c) for _, c, whole, _ in doc_commands(tmp_path / "episodes.md") if whole and "data/ad" in c]
+    assert [a[-1] for a in lines] == ["rec.h5", "--resume", "4"], lines  # the plain, --resume and --shards 4 lines
+    plain, resume, sharded = ([*a, "--batch-size", "1", "--no-progress"] for a in lines)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").symlink_to(repo / "data")
+    for name, seed in (("dark.h5", 0), ("other.h5", 1)):
+        write_episodes(name, collect("icrl_interp/DarkRoom-v0", "q-learning", histories=6, steps=20, seed=seed,
+                                     env_kwargs={"size": 5, "horizon": 10}, alpha=0.5, gamma=0.9, beta=10.0))
+    record_episodes(load_episode_model("data/ad"), "dark.h5", "ref.h5", batch_size=1, progress=False,
+                    model_spec="data/ad")  # the plain line's recording, uninterrupted
+    real, calls = RecordingWriter.write_batch, []
+
+    def write_batch(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(RecordingWriter, "write_batch", write_batch)
+        assert cli.main(plain) == 130
+    assert Path("rec.h5.partial").exists() and not Path("rec.h5").exists()
+    capsys.readouterr()
+    rc, _, err = _cli(capsys, *[a.replace("dark.h5", "other.h5") for a in resume])
+    assert rc == 2 and err.count("\n") == 1 and "different histories_sha256" in err, err
+    assert cli.main(resume) == 0
+    _same_recording("ref.h5", "rec.h5")
+    Path("rec.h5").unlink()
+    assert cli.main(sharded) == 0
+    _same_recording("ref.h5", "rec.h5")
+    assert sorted(p.name for p in Path().glob("rec.shard-*")) == [f"rec.shard-{i}-of-4.h5" for i in range(4)]
+    for name in ("ref", "rec"):
+        assert cli.main(["analyze", f"{name}.h5", *GIVEN, "--json", f"{name}.json"]) == 0
+    capsys.readouterr()
+    one, two = (json.loads(Path(f"{n}.json").read_text()) for n in ("ref", "rec"))
+    assert (one.pop("source"), two.pop("source")) == ("ref.h5", "rec.h5")
+    assert one == two  # exact: the same datasets analyzed the same way

@@ -1,5 +1,7 @@
 """Thread discipline (icrl_interp/core/threads.py): every BLAS / OpenMP pool and torch's intra-op pool at
-most the cores the process may use, inside the analyzers' entry points, and restored afterwards."""
+most the cores the process may use, inside the analyzers' entry points, and restored afterwards; one core
+fewer for torch beside the recorder's writer thread (`beside`); the analyzers' reads one item ahead in a
+thread only where a core is spare (`ahead`)."""
 from __future__ import annotations
 
 import json
@@ -7,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from importlib import import_module
 from pathlib import Path
 
@@ -83,3 +86,73 @@ def analyze_mod_model():
     from icrl_interp.models import theta_star_model
 
     return theta_star_model("linear-td", d=2, n_layers=1)
+
+
+@pytest.mark.parametrize("current, cores, env, want", [(4, 4, None, 3), (8, 2, None, 1), (1, 4, None, 1),
+                                                        (4, 4, "3", 3)])
+def test_beside_leaves_the_writer_its_core(monkeypatch, current, cores, env, want):
+    monkeypatch.setattr(threads, "allowed_cores", lambda: cores)
+    if env is None:
+        monkeypatch.delenv(threads.ENV, raising=False)
+    else:
+        monkeypatch.setenv(threads.ENV, env)  # the override is the count, exactly
+    before = torch.get_num_threads()
+    torch.set_num_threads(current)
+    try:
+        with threads.beside(1):
+            assert torch.get_num_threads() == want
+        assert torch.get_num_threads() == current
+    finally:
+        torch.set_num_threads(before)
+
+
+def _readers() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name.startswith("icrl-interp-reader")]
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_ahead_gives_every_result_in_order_and_reads_the_next_meanwhile(monkeypatch, cores):
+    monkeypatch.setattr(threads, "allowed_cores", lambda: cores)
+    monkeypatch.delenv(threads.ENV, raising=False)
+    started = []
+
+    def fn(i):
+        started.append(i)
+        return i * i
+
+    got = []
+    for x in threads.ahead(fn, range(5)):
+        # with a spare core the next item starts while the caller holds this one (waited for: the thread
+        # picks it up when it gets the CPU); on one core nothing runs ahead
+        ahead = min(len(got) + 2, 5) if cores > 1 else len(got) + 1
+        deadline = time.monotonic() + 5
+        while len(started) < ahead and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(started) == ahead and len(_readers()) == (cores > 1)
+        got.append(x)
+    assert got == [0, 1, 4, 9, 16] and not _readers()
+
+
+def test_ahead_raises_at_the_failing_item_and_runs_nothing_after_the_caller_stops(monkeypatch):
+    monkeypatch.setattr(threads, "allowed_cores", lambda: 2)
+    monkeypatch.delenv(threads.ENV, raising=False)
+    ran = []
+
+    def fn(i):
+        ran.append(i)
+        if i == 2:
+            raise OSError("bad chunk")
+        return i
+
+    got = []
+    with pytest.raises(OSError, match="bad chunk"):
+        for x in threads.ahead(fn, range(6)):
+            got.append(x)
+    assert got == [0, 1] and ran == [0, 1, 2] and not _readers()
+    ran.clear()
+    gen = threads.ahead(fn, [10, 11, 12, 13])
+    assert next(gen) == 10
+    gen.close()  # the caller stops: the item read ahead finishes if it started, no other starts
+    assert ran in ([10], [10, 11]) and not _readers()

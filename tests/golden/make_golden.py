@@ -33,8 +33,9 @@ Comparing (`--check`), in one of three modes:
   On other float kernels no tolerance holds (measured under the BLAS/SIMD variables of
   docs/development.md, "Floats in tests"): the recordings and most models are float32, so their
   analyses move by ~1e-7 relative, and at these tiny sizes the ridge probes' cross-validated penalty
-  flips between near-tied grid points (analyzers/td_probe.py, `argmin(cv)`), which moves R² values
-  by up to 0.1 and the strings chosen from them (`max_baseline`: 'input' -> 'shuffled').
+  flipped between near-tied grid points (analyzers/td_probe.py, then a strict `argmin(cv)`; now
+  `tied_choice`, which makes such flips rare but not impossible), which moved R² values by up to 0.1
+  and the strings chosen from them (`max_baseline`: 'input' -> 'shuffled').
 
 Every differing path is printed, with both values.
 """

@@ -1,8 +1,9 @@
 """The causal test on actions over learning histories (interventions/episode_causal.py) on models of KNOWN
 mechanism (tests/episode_models.py): the Q-reader acts through delta at layer 0 ("yes"), not at layer 1 (the
 wrong layer: its head reads Q, never delta there); a model that carries delta and Q but perseverates says "no";
-the reward decoy's selective delta is not credited though erasing its probe direction moves its actions; hooks
-are removed and the train/eval mode restored, also when the forward pass raises."""
+the reward decoy's selective delta is not credited though erasing its probe direction moves its actions; steering
+delta up makes the Q-reader repeat its last action (sign "as an RL learner"), and no other model; hooks are removed
+and the train/eval mode restored, also when the forward pass raises. The closed loop: test_episode_closed_loop.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,11 @@ from icrl_interp.analyzers import episode_probes
 from icrl_interp.core.errors import UserError
 from icrl_interp.interventions import episode_causal as C
 from icrl_interp.recording.capture import attached_hook_count
+from icrl_interp.tasks.episodes import Episodes
 
 N_BOOT = 400
+STEER = {"steer": (-2.0, 2.0), "steer_steps": 2}
+"""Two scales, two steered steps per history: enough for the known answers, a quarter of the default's passes."""
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +34,7 @@ def targets(ep):
 
 def run(ep, targets, kind, layer, **kw):
     model = KnownModel(token_format(ep), kind)
-    return C.causal_episodes(model, ep, token_format(ep), targets, layer=layer, n_boot=N_BOOT, **kw), model
+    return C.causal_episodes(model, ep, token_format(ep), targets, layer=layer, n_boot=N_BOOT, **{**STEER, **kw}), model
 
 
 def states(res):
@@ -50,6 +54,44 @@ def test_q_reader_acts_through_delta_at_its_layer_and_not_at_the_next(ep, target
     late, _ = run(ep, targets, "q_reader", 1)
     assert late["conclusion"] == "no" and states(late)["selective probe"] == "yes"
     assert late["effects"]["kl"]["selective"]["mean"] == 0.0  # exact: unchanged within rounding, replaced by base
+    assert late["steering"]["sign"] == "unresolved"
+    assert all(p["dp_previous"]["selective"]["mean"] == 0.0 for p in late["steering"]["points"])  # exact, as above
+
+
+def test_steering_delta_up_repeats_the_last_action_for_the_q_reader_only(ep, targets):
+    """At a step t the Q-reader adds alpha * delta_{t-1} (read from the stream) to Q(a_{t-1}): steering the
+    selective direction by +s sigma raises pi(a_{t-1}) at t, -s sigma lowers it, by far more than random directions
+    of the same norm move it (kills a flipped steering sign, a steering vector of another size, the random control's
+    directions not variance-matched)."""
+    res, _ = run(ep, targets, "q_reader", 0)
+    st = res["steering"]
+    assert st["sign"] == "as an RL learner"
+    assert st["histories"] == res["histories"]["test"]  # a bandit: every step after the first repeats the state
+    down, up = st["points"]
+    assert (down["scale"], up["scale"]) == (-2.0, 2.0)
+    assert up["dp_previous"]["selective"]["ci"][0] > 0.03 and down["dp_previous"]["selective"]["ci"][1] < -0.03
+    assert up["dp_previous"]["selective"]["mean"] > 2 * up["dp_previous"]["random_abs"]["mean"]
+    assert up["kl"]["excess_over_random"]["ci"][0] > 0
+    # every steering vector has the norm 2 sigma, sigma the selective projection's std; the random directions are
+    # variance-matched, so their own projections have that std too (a raw random direction's would differ)
+    assert st["sigma"] == pytest.approx(np.sqrt(res["erased_variance"]["selective"]), rel=1e-12)
+    assert st["sigma_random"] == pytest.approx(st["sigma"], rel=1e-6)
+    assert abs(st["sigma_input_explained"] - st["sigma"]) > 0.1 * st["sigma"]  # the input's is not rescaled to it
+
+
+def test_steering_sign_is_judged_against_the_random_directions_size(ep, targets):
+    """The reward decoy at layer 0: steering its selective probe's direction moves pi(a_{t-1}) a little toward the
+    side of s (the direction leans on the reward), while the 8 random draws' *signed* mean happens to lean the other
+    way; random directions of its norm move it far more either way, so the sign is not credited (a sign read against
+    the draws' signed mean would say "as an RL learner" here). The perseverating Q-carrier: no sign either."""
+    res, _ = run(ep, targets, "reward_decoy", 0)
+    down, up = res["steering"]["points"]
+    assert up["dp_previous"]["selective"]["ci"][0] > 0 and down["dp_previous"]["selective"]["ci"][1] < 0
+    assert up["dp_previous"]["selective"]["mean"] - up["dp_previous"]["random"]["mean"] > 0.05
+    assert up["dp_previous"]["random_abs"]["mean"] > 3 * up["dp_previous"]["selective"]["mean"]
+    assert res["steering"]["sign"] == "unresolved"
+    ignored, _ = run(ep, targets, "q_ignored", 0)
+    assert ignored["steering"]["sign"] == "unresolved"
 
 
 def test_carried_but_unread_delta_is_no(ep, targets):
@@ -72,7 +114,8 @@ def test_reward_decoy_is_not_credited_with_delta(ep, targets):
 def test_hooks_removed_and_modes_restored_also_on_error(ep, targets):
     model = KnownModel(token_format(ep), "q_reader")
     model.train()
-    C.causal_episodes(model, ep, token_format(ep), targets, layer=0, n_boot=20, draws=2)
+    res = C.causal_episodes(model, ep, token_format(ep), targets, layer=0, n_boot=20, draws=2, steer_steps=1)
+    assert len(res["steering"]["points"]) == 4  # the default scales: the steering passes ran too
     assert attached_hook_count(model) == 0 and model.training and model.blocks[0].training
     assert model.seen_training and not any(model.seen_training)  # every forward pass ran in eval mode
 
@@ -139,7 +182,9 @@ def test_the_edit_touches_the_read_positions_only(ep):
 def test_random_init_activations_join_the_selectivity_criterion(ep, targets):
     """A random-init model that carries what the model carries (here: itself) leaves no selectivity: "no"."""
     model = KnownModel(token_format(ep), "q_reader")
-    res = C.causal_episodes(model, ep, token_format(ep), targets, layer=0, n_boot=100, draws=2, random_model=model)
+    res = C.causal_episodes(model, ep, token_format(ep), targets, layer=0, n_boot=100, draws=2, random_model=model,
+                            steer=())
+    assert res["steering"] is None and res["closed_loop"] is None  # none asked for
     sel = res["probe"]["delta_selective"]
     assert sel["baselines"]["random_init"] == pytest.approx(sel["r2"], abs=1e-9)
     assert res["conclusion"] == "no" and states(res)["selective probe"] == "no"
@@ -190,6 +235,53 @@ def test_nothing_reads_the_site_is_inconclusive(ep, targets):
             return 0 * super().forward(tokens) + torch.arange(self.A, dtype=torch.float32)
 
     res = C.causal_episodes(Deaf(token_format(ep), "q_reader"), ep, token_format(ep), targets, layer=0, n_boot=50,
-                            draws=2)
+                            draws=2, steer=())
     assert res["conclusion"] == "inconclusive" and "changes the action distribution" in res["reason"]
     assert res["effects"]["kl"]["random"]["mean"] == 0.0  # exact: every edited logit is the base one
+
+
+def test_steered_steps_repeat_the_state_and_are_edited_and_read_at_their_own_read_position():
+    """`steer_steps` draws only repeat-state steps (o_t = o_{t-1}, both valid, t >= 1), -1 where a history has none;
+    `steered` edits exactly one position per history and copy, the read position of that step (windows of an
+    ad-step format with a stride, so a step's position is not its index), and reads the change there (kills an
+    edit or a read one step off, a dropped repeat-state condition)."""
+    from icrl_interp.models.episode_tokens import encode, format_for
+
+    rng = np.random.default_rng(4)
+    H, T = 6, 13
+    obs = rng.integers(0, 2, (H, T))
+    obs[5] = np.arange(T) % 2  # never repeats
+    valid = np.ones((H, T), bool)
+    valid[0, 9:] = False
+    z = np.zeros((H, T), np.int64)
+    ep = Episodes(observations=obs, actions=rng.integers(0, 2, (H, T)), rewards=np.zeros((H, T)),
+                  next_observations=obs, terminations=np.zeros((H, T), bool), truncations=np.zeros((H, T), bool),
+                  valid=valid, n_actions=2, n_observations=2)
+    steps = C.steer_steps(ep, 5, seed=1)
+    np.testing.assert_array_equal(steps, C.steer_steps(ep, 5, seed=1))  # a pure function of the seed
+    assert (steps[5] == -1).all() and (steps[:5] >= 1).all()
+    h = np.repeat(np.arange(5), 5)
+    t = steps[:5].ravel()
+    assert (obs[h, t] == obs[h, t - 1]).all() and valid[h, t].all() and valid[h, t - 1].all()
+    fmt = format_for(ep, "ad-step", 5, 2)
+    tokens, pmap = encode(ep, fmt)
+    at = C.read_mask(pmap)
+    seen = []
+
+    def run(edit_at):  # a fake model: the edit adds 1 to action 0's logit at the edited read positions only
+        assert (edit_at & ~at).sum() == 0 and edit_at.sum() == 5  # one read position per history with steps
+        seen.append(edit_at)
+        logits = np.zeros((at.sum(), 2))
+        logits[edit_at[at], 0] = 1.0
+        return logits
+
+    previous = np.zeros((H, T), np.int64)
+    got = C.steered(run, pmap, np.zeros((H, T, 2)), steps, previous, torch.float64)
+    want = 1 / (1 + np.exp(-1.0)) - 0.5  # pi_edit(0) - pi(0), every steered step
+    np.testing.assert_allclose(got["dp_previous"], want, rtol=1e-12)
+    kl = 0.5 * np.log(0.5 / (1 / (1 + np.exp(-1.0)))) + 0.5 * np.log(0.5 / (1 / (1 + np.exp(1.0))))
+    np.testing.assert_allclose(got["kl"], kl, rtol=1e-12)
+    for k, edit_at in enumerate(seen):  # the edited position is the read position of steps[h, k]
+        marked = np.zeros((H, T), bool)
+        marked[pmap.read_history, pmap.read_step] = edit_at[pmap.read_seq, pmap.read_pos]
+        np.testing.assert_array_equal(np.argwhere(marked), np.c_[np.arange(5), steps[:5, k]])

@@ -125,6 +125,18 @@ def test_dpt_context_is_the_past_transitions():
     assert np.all(tokens[first, 2:] == 0)
 
 
+def test_a_dpt_context_longer_than_the_histories_pads():
+    """A dpt context longer than the histories (a model acting in a short run, a short file) encodes: the
+    sequences of context T with zero tokens after them, read at the same positions (kills indexing the
+    transitions past the history's end)."""
+    ep = episodes()
+    short, smap = et.encode(ep, et.format_for(ep, "dpt", T))
+    long, lmap = et.encode(ep, et.format_for(ep, "dpt", T + 5))
+    # exact: the same float32 values copied, zeros written
+    assert np.array_equal(long[:, : 1 + T], short) and np.all(long[:, 1 + T:] == 0)
+    assert np.array_equal(lmap.read_pos, smap.read_pos) and np.array_equal(lmap.read_seq, smap.read_seq)
+
+
 def test_box_observations_are_copied():
     ep = episodes(box=True)
     fmt = et.format_for(ep, "ad-element", 4)

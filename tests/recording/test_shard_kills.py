@@ -69,22 +69,28 @@ def _resumes_to_the_reference(reference, out) -> None:
     assert sorted(p.name for p in out.parent.iterdir()) == [out.name, *(p.name for p in shards.shard_paths(out, 2))]
 
 
-def test_writers_die_with_a_killed_run_and_the_shards_resume(reference, tmp_path):
-    out = tmp_path / "k.h5"
-    parts = shards.shard_paths(out, 2)
-    proc = FORK.Process(target=_record, args=(out,))
-    proc.start()
+def kill_mid_shards(proc, parts, rows: int) -> None:
+    """SIGKILL the run `proc` once each of its shards' .partial holds `rows`; its writers must die with it (also
+    test_episodes_kills.py)."""
     deadline = time.monotonic() + 120
-    while min(_progress(partial_path(p)) for p in parts) < 16 and proc.is_alive() and time.monotonic() < deadline:
+    while min(_progress(partial_path(p)) for p in parts) < rows and proc.is_alive() and time.monotonic() < deadline:
         time.sleep(0.005)
     writers = psutil.Process(proc.pid).children()
-    assert min(_progress(partial_path(p)) for p in parts) >= 16 and len(writers) == 2, "not killed mid-shard"
+    assert min(_progress(partial_path(p)) for p in parts) >= rows and len(writers) == len(parts), "not killed mid-shard"
     os.kill(proc.pid, signal.SIGKILL)
     proc.join()
     deadline = time.monotonic() + 10
     while _alive(writers) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _alive(writers) == [], "a shard writer outlived its killed run"
+
+
+def test_writers_die_with_a_killed_run_and_the_shards_resume(reference, tmp_path):
+    out = tmp_path / "k.h5"
+    parts = shards.shard_paths(out, 2)
+    proc = FORK.Process(target=_record, args=(out,))
+    proc.start()
+    kill_mid_shards(proc, parts, 16)
     # a writer that had lived on would have finished and published its shard by now
     assert all(partial_path(p).exists() and not p.exists() for p in parts)
     assert not out.exists()

@@ -211,6 +211,20 @@ def test_resume_refuses_a_shard_of_another_split(setup, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("change, key", [("seed", "seed"), ("checkpoint", "checkpoint_sha256")])
+def test_resume_refuses_complete_shards_of_another_run(setup, tmp_path, change, key):
+    """Every shard complete and only the master missing: a --resume with other prompts or other weights must not
+    publish the old shards as its own recording."""
+    out = tmp_path / "sh.h5"
+    _record(setup, out, shards=2, workers=0, checkpoint_sha256="a" * 64)
+    out.unlink()
+    kept = [p.read_bytes() for p in shards.shard_paths(out, 2)]
+    other = {"seed": {"seed": 4, "checkpoint_sha256": "a" * 64}, "checkpoint": {"checkpoint_sha256": "b" * 64}}[change]
+    with pytest.raises(UserError, match=f"recorded with a different {key}"):
+        _record(setup, out, shards=2, resume=True, workers=0, **other)
+    assert not out.exists() and [p.read_bytes() for p in shards.shard_paths(out, 2)] == kept
+
+
 def test_bad_shard_counts_leave_nothing(setup, tmp_path):
     for bad, words in ((0, "positive integer"), (6, "splits into 1 to 5 shards"), (True, "positive integer")):
         with pytest.raises(UserError, match=words):

@@ -32,5 +32,5 @@ def test_the_verdict_is_fitted_on_the_models_own_closed_loop_actions(tmp_path):
     pytest.importorskip("gymnasium")
     doc = ad_demo.closed_loop_verdict(tmp_path / "v.json", histories_per_goal=1, seed=0)
     assert json.loads((tmp_path / "v.json").read_text()) == json.loads(json.dumps(doc))
-    assert doc["schema"] == "icrl_interp.episode_verdict/1" and doc["fitted_to"] == "actions"
+    assert doc["schema"] == "icrl_interp.episode_verdict/2" and doc["fitted_to"] == "actions"
     assert doc["histories"]["train"] + doc["histories"]["held_out"] == 8 and doc["steps"]["train"] % 120 == 0

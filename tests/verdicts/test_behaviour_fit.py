@@ -115,6 +115,9 @@ def test_decoys_fit_none(decoy):
     v = BF.fit_behaviour(ep, split_seed=0, candidates=["q_learning", "mc_control"], bootstrap=200, fit_resamples=0)
     assert v["verdict"]["label"] == "none fits", v["verdict"]["text"]
     assert not v["verdict"]["clear"] and v["verdict"]["best"] is None
+    if decoy == "fixed":  # a fixed policy drawn per history: the within-history frequency refuses it by a wide
+        hf = v["verdict"]["checks"]["history_frequency"]  # margin (measured -0.19 [-0.28, -0.11] nats per step), not
+        assert hf["ci"][1] < -0.05, hf  # narrowly (it beat the action-sequence baseline by +0.006 [-0.013, 0.026])
 
 
 @pytest.mark.slow
@@ -157,6 +160,39 @@ def test_held_out_score_is_the_candidates_log_likelihood_on_the_held_out_histori
     train = [h for h in range(ep.n_histories) if h not in held]
     lp_train = learners.replay("q_learning", ep.select(train), **p).log_prob
     assert v["candidates"]["q_learning"]["train_loglik"] == pytest.approx(lp_train.mean(), rel=1e-9)
+    # the within-history baseline: fitted on the training histories only, scored on the held-out ones
+    tr, te = ep.select(train), ep.select(held)
+    c = BF.fit_history_frequency(tr, BF.targets(tr))
+    hf = v["baselines"]["history_frequency"]
+    assert hf["params"] == {"c_state": c[0], "c_history": c[1]}  # the same call on the same arrays: exact
+    held_ll = BF.history_frequency_loglik(te, BF.targets(te), *c).sum() / te.valid.sum()
+    assert hf["held_out_loglik"] == pytest.approx(held_ll, rel=1e-12)
+    grid = np.asarray(BF.CONCENTRATIONS)  # the fit is a maximum: no grid point does better on the training histories
+    best = BF.history_frequency_loglik(tr, BF.targets(tr), *c).sum()
+    for cs in grid:
+        assert BF.history_frequency_loglik(tr, BF.targets(tr), cs, grid).sum(-1).max() <= best + 1e-9 * abs(best)
+
+
+def test_history_frequency_by_hand():
+    """One history, two observations, two actions, c_state 1, c_history 2: the predictive probabilities counted by
+    hand from the actions BEFORE each step (a count that includes the step's own action, or that mixes the
+    observations, or that counts the weights instead of the history's actions, gives other numbers)."""
+    o, a = np.array([[0, 0, 1, 0]]), np.array([[1, 1, 0, 0]])
+    z = np.zeros_like(o)
+    ep = Episodes(observations=o, actions=a, rewards=z.astype(float), next_observations=z,
+                  terminations=z.astype(bool), truncations=z.astype(bool), valid=np.ones(o.shape, bool),
+                  n_actions=2, n_observations=2)
+    # p_t(0), p_t(1): t0 no counts (1/2, 1/2); t1 history (0, 1) -> (1/3, 2/3), obs 0 (0, 1) -> (1/6, 5/6);
+    # t2 obs 1 unseen -> history (0, 2): (1/4, 3/4); t3 history (1, 2) -> (2/5, 3/5), obs 0 (0, 2) -> (2/15, 13/15)
+    p = np.array([[1 / 2, 1 / 2], [1 / 6, 5 / 6], [1 / 4, 3 / 4], [2 / 15, 13 / 15]])
+    got = BF.history_frequency_loglik(ep, BF.targets(ep), 1.0, 2.0)
+    assert got.shape == (1,)
+    assert got[0] == pytest.approx(np.log(p[np.arange(4), a[0]]).sum(), rel=1e-14)
+    soft = np.tile([0.25, 0.75], (1, 4, 1))
+    got = BF.history_frequency_loglik(ep, BF.targets(ep, soft), 1.0, 2.0)
+    assert got[0] == pytest.approx((soft[0] * np.log(p)).sum(), rel=1e-14)
+    total, state = BF.history_counts(ep)
+    assert total[0, 3].tolist() == [1.0, 2.0] and state[0, 3].tolist() == [0.0, 2.0]  # counts of 0/1: exact
 
 
 def test_baselines_by_hand():
@@ -187,29 +223,30 @@ def test_every_baseline_can_veto_the_winner(which):
     """A best candidate that does not beat one baseline is 'none fits', whichever baseline it is."""
     rng = np.random.default_rng(0)
     names = ["x", "y"]
-    R = 2000
-    noise = 0.01 * rng.normal(size=(R, 5))
-    mean = np.array([-1.0, -1.2, -2.0, -2.0, -2.0])
+    R, B = 2000, len(BF.BASELINES)
+    noise = 0.01 * rng.normal(size=(R, 2 + B))
+    mean = np.array([-1.0, -1.2] + [-2.0] * B)
     mean[2 + BF.BASELINES.index(which)] = -0.9
-    d = BF.decide(names, mean, mean + noise, 4, 50, 0.3)
+    d = BF.decide(names, mean, mean + noise, 1 + B, 50, 0.3)
     assert d["label"] == "none fits" and not d["fits"]
     mean[2 + BF.BASELINES.index(which)] = -2.0
-    d = BF.decide(names, mean, mean + noise, 4, 50, 0.3)
+    d = BF.decide(names, mean, mean + noise, 1 + B, 50, 0.3)
     assert d["label"] == "x" and d["clear"]
-    for c in d["checks"].values():  # Bonferroni over 4 comparisons: wider than the plain 95 % interval
+    for c in d["checks"].values():  # Bonferroni over 1 + B comparisons: wider than the plain 95 % interval
         assert c["ci_adjusted"][0] < c["ci"][0] and c["ci_adjusted"][1] > c["ci"][1]
 
 
 def test_indistinguishable_pair_and_nested_rule():
     rng = np.random.default_rng(1)
     names = ["sarsa", "expected_sarsa", "sarsa_lambda"]
-    mean = np.array([-1.0, -1.001, -0.9999, -2.0, -2.0, -2.0])
-    boot = mean + 0.01 * rng.normal(size=(4000, 6))
-    d = BF.decide(names, mean, boot, 5, 50, 0.3, reduces={"sarsa_lambda": "sarsa"})
+    B = len(BF.BASELINES)
+    mean = np.array([-1.0, -1.001, -0.9999] + [-2.0] * B)
+    boot = mean + 0.01 * rng.normal(size=(4000, 3 + B))
+    d = BF.decide(names, mean, boot, 2 + B, 50, 0.3, reduces={"sarsa_lambda": "sarsa"})
     assert d["label"] == "sarsa" and "sarsa_lambda" in d["equivalent"] and not d["clear"]
     assert d["pairs"][0]["indistinguishable"] and "indistinguishable here from expected_sarsa" in d["text"]
     assert d["more_histories"] is not None
-    d = BF.decide(names, mean, boot, 5, 50, 0.3)
+    d = BF.decide(names, mean, boot, 2 + B, 50, 0.3)
     assert d["label"] == "sarsa_lambda"
 
 
@@ -246,8 +283,9 @@ def test_rules_with_identical_choices_are_named_together():
     rng = np.random.default_rng(2)
     names = ["q_learning", "sarsa", "mc_control"]
     col = rng.normal(size=3000)
+    B = len(BF.BASELINES)
     boot = np.stack([-1.0 + 0.01 * col, -1.0 + 0.01 * col, -1.3 + 0.01 * rng.normal(size=3000),
-                     *(-2.0 + 0.01 * rng.normal(size=(3, 3000)))], 1)
-    d = BF.decide(names, boot.mean(0), boot, 5, 50, 0.3)
+                     *(-2.0 + 0.01 * rng.normal(size=(B, 3000)))], 1)
+    d = BF.decide(names, boot.mean(0), boot, 2 + B, 50, 0.3)
     assert d["label"] == "q_learning" and d["equivalent"] == ["sarsa"] and d["runner_up"] == "mc_control"
     assert "identical action probabilities here to sarsa" in d["text"]

@@ -135,10 +135,9 @@ def test_fit_refuses_a_candidate_that_diverges_everywhere():
 def test_grids():
     assert C.ALPHA_GRID[0] == 0.0 and C.ALPHA_GRID.size == 56 and 1.0 in C.ALPHA_GRID
     assert C.ALPHA_GRID[1] == pytest.approx(1e-3) and C.ALPHA_GRID[-1] == pytest.approx(10 ** 1.5)
-    np.testing.assert_array_equal(C.COARSE_GRID, np.concatenate([[0.0], C.ALPHA_GRID[1::3]]))
-    assert 1.0 in C.COARSE_GRID
-    points = C.grid_points(C.CANDIDATES["actor_critic"])
-    assert len(points) == C.COARSE_GRID.size ** 2 and points[1] == {"alpha": 0.0, "beta": float(C.COARSE_GRID[1])}
+    points = C.grid_points(C.CANDIDATES["actor_critic"])  # both step sizes on the full grid, alpha innermost
+    assert len(points) == C.ALPHA_GRID.size ** 2 and points[1] == {"beta": 0.0, "alpha": float(C.ALPHA_GRID[1])}
+    assert C.CANDIDATES["actor_critic"].sweep and C.STEP_SIZES == ("alpha", "beta")
     assert C.grid_points(C.CANDIDATES["lstd"]) == [{}]
     assert [n for n in C.CANDIDATES if n.startswith("td_lambda")] == ["td_lambda_0.5", "td_lambda_0.9", "td_lambda_1"]
     run = C.CANDIDATES["td_lambda_0.9"].run(tr(), {"alpha": 1.0}, 2)

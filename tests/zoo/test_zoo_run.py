@@ -128,12 +128,39 @@ def test_run_writes_zoo_json_and_the_figure_and_resumes(tmp_path, monkeypatch):
         assert row["verdict"]["label"] and isinstance(row["verdict"]["clear"], bool)
     assert data["rows"][0]["causal"] is None and data["rows"][1]["causal"]["layer"] == 0  # a one-layer model: no test
     assert data["summary"]["models"] == 2 and sum(map(sum, data["confusion"]["counts"])) == 2
+    cpu = [r["cpu_seconds"] for r in data["rows"]]
+    assert all(c > 0 for c in cpu) and data["row_cpu_seconds"] == pytest.approx(sum(cpu), abs=0.051)  # rounded to 0.1
     png = write_figure(data, tmp_path / "confusion.png")
     assert png.read_bytes().startswith(b"\x89PNG") and is_ours(png)
 
     monkeypatch.setattr(Z, "judge", lambda *a, **k: pytest.fail("a stored row was judged again"))
     again = Z.run(tmp_path, "full", 0, progress=False, only=names, settings=TINY)
     assert again["rows"] == result["rows"]
+
+
+def test_judging_runs_on_one_thread_and_restores_the_pools(monkeypatch):
+    """The zoo's many small forward passes and fits run on one torch and one BLAS thread (two threads on the loaded
+    2-core machine cost 25x the CPU of one), and the pools are given back afterwards, also on an error. Mutants:
+    no cap, or no restore."""
+    import torch
+    from threadpoolctl import threadpool_info
+
+    monkeypatch.delenv("ICRL_INTERP_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen = []
+
+    def fake(entry, settings, progress):
+        seen.append((torch.get_num_threads(), {p["num_threads"] for p in threadpool_info()}))
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(Z, "_judge", fake)
+    try:
+        with pytest.raises(RuntimeError, match="stop"):
+            Z.judge(R.entries("default")[0], TINY)
+        assert seen == [(1, {1})] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.slow
