@@ -28,7 +28,9 @@ def record(model, task, out, **options):
 def analyze(path_or_model, task=None, **options) -> dict:
     """Analyze a checkpoint, recording or TransformerLens weights file into the analysis JSON dict
     (`icrl_interp.analyzers.analyze.analyze`); or a model (a torch module) live on `task`, from its
-    forward pass without writing a recording (`icrl_interp.analyzers.analyze.analyze_model`)."""
+    forward pass without writing a recording (`icrl_interp.analyzers.analyze.analyze_model`). An episode
+    recording (`record --episodes`) gets its probes' JSON (`verdicts.episode_targets.probe_recording`, whose
+    options it takes: candidate, params, split_seed, test_fraction, folds)."""
     if hasattr(path_or_model, "named_modules"):  # a torch module (checked without importing torch)
         from .analyzers.analyze import analyze_model
 
@@ -38,6 +40,12 @@ def analyze(path_or_model, task=None, **options) -> dict:
         return analyze_model(path_or_model, task, **options)
     if task is not None:
         raise UserError("task= goes with a model; a checkpoint or recording brings its own task")
+    from .analyzers.episode_recording import is_episode_recording
+
+    if is_episode_recording(path_or_model):  # `record --episodes`: the probes' JSON, as `analyze REC.h5` writes it
+        from .verdicts.episode_targets import probe_recording
+
+        return probe_recording(path_or_model, **options)
     from .analyzers.analyze import analyze as _analyze
 
     return _analyze(path_or_model, **options)

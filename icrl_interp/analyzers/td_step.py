@@ -111,11 +111,21 @@ class AlphaFit:
         return min(cand, key=self.mean_vd)
 
 
-def _triangle(m: Float[Array, "batch r k"], k: int) -> Float[Array, "batch k k"]:
-    """R of a thin QR of each m (|R a| = |m a| for every a), zero-padded to k x k rows."""
+def _triangle(m: Float[Array, "batch r k"], k: int) -> Float[Array, "batch p"]:
+    """R of a thin QR of each m (|R a| = |m a| for every a), zero-padded to k x k rows, packed: its upper
+    triangle row by row (`_unpack`), as R is upper triangular (k(k+1)/2 numbers kept instead of k^2)."""
     r = np.linalg.qr(m, mode="r")
     out = np.zeros((m.shape[0], k, k))
     out[:, : r.shape[1]] = r[:, :k]
+    upper = np.triu_indices(k)
+    return out[:, upper[0], upper[1]]
+
+
+def _unpack(packed: Float[Array, "batch p"], k: int) -> Float[Array, "batch k k"]:
+    """The k x k upper-triangular matrices that `_triangle` packed (zeros below the diagonal, as before)."""
+    out = np.zeros((packed.shape[0], k, k))
+    upper = np.triu_indices(k)
+    out[:, upper[0], upper[1]] = packed
     return out
 
 
@@ -133,8 +143,8 @@ class PromptSummary:
     the cosines equal `convergence.vd_ss_iws`'s to rounding, NaN where it gives NaN (a zero gradient)."""
 
     task_id: Int[Array, " batch"]
-    r_vd: Float[Array, "batch k k"]
-    r_w: Float[Array, "batch k k"]
+    r_vd: Float[Array, "batch p"]  # upper triangles, packed (`_triangle`)
+    r_w: Float[Array, "batch p"]
     ss_num: Float[Array, "batch k"]
     iws_num: Float[Array, "batch k"]
 
@@ -152,15 +162,33 @@ class PromptSummary:
                    np.einsum("bkd,bd->bk", coef, np.einsum("bs,bsd->bd", mu, unit_g)),
                    np.einsum("bkd,bd->bk", coef, unit_wls))
 
+    FIELDS = ("task_id", "r_vd", "r_w", "ss_num", "iws_num")
+    METRICS_BLOCK = 4096
+    """Prompts whose triangles `metrics` unpacks at a time (the unpacked copy stays small)."""
+
     @classmethod
     def concat(cls, parts: list["PromptSummary"]) -> "PromptSummary":
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("task_id", "r_vd", "r_w", "ss_num", "iws_num")))
+        """One summary of all `parts`, which it empties field by field as it goes: the peak is the summaries
+        once plus one field, not twice (the parts are not used again)."""
+        out = {}
+        for f in cls.FIELDS:
+            out[f] = np.concatenate([getattr(p, f) for p in parts])
+            for p in parts:
+                setattr(p, f, None)
+        return cls(**out)
 
     def metrics(self, alpha: float) -> dict[str, np.ndarray]:
-        a = float(alpha) ** np.arange(self.r_vd.shape[-1])
-        w_norm = np.linalg.norm(self.r_w @ a, axis=-1)
+        k = self.ss_num.shape[-1]
+        a = float(alpha) ** np.arange(k)
+        # each prompt's products from its own k x k triangle, a block of prompts at a time: the same
+        # numbers as one product over all of them
+        step = self.METRICS_BLOCK
+        r_vd_a, r_w_a = (np.concatenate([_unpack(r[i : i + step], k) @ a for i in range(0, len(r), step)]
+                                        or [np.zeros((0, k))])
+                         for r in (self.r_vd, self.r_w))
+        w_norm = np.linalg.norm(r_w_a, axis=-1)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return {"VD": np.sum((self.r_vd @ a) ** 2, axis=-1),
+            return {"VD": np.sum(r_vd_a**2, axis=-1),
                     "SS": (self.ss_num @ a) / w_norm, "IWS": (self.iws_num @ a) / w_norm}
 
 

@@ -241,12 +241,11 @@ def _live_rows(args, opts) -> list[dict]:
 
 def _episode_run(args, a: AnalyzeFlags, opts) -> int:
     """`analyze REC.h5` of an episode recording: the probes of every recorded layer to a candidate's targets."""
-    from ..analyzers.episode_probes import probe_episodes
-    from ..analyzers.episode_recording import open_episode_recording
     from ..core.errors import UserError
     from ..core.files import write_json
     from ..core.outputs import output_file
-    from .episode_options import other_task_flags, targets
+    from ..verdicts.episode_targets import probe_recording
+    from .episode_options import candidate_of, other_task_flags
 
     if len(args.inputs) != 1:
         raise UserError("an episode recording is analyzed alone: give it as the only INPUT")
@@ -259,12 +258,8 @@ def _episode_run(args, a: AnalyzeFlags, opts) -> int:
     path = args.inputs[0]
     if a.json is not None:
         output_file(a.json, "--json", inputs=[path])
-    with open_episode_recording(path) as r:
-        t, info = targets(args, r.episodes, action_probs=r.action_probs(), split_seed=opts.seed,
-                          test_fraction=opts.test_fraction)
-        probes = probe_episodes(r.episodes, r.layers, t, random_layers=r.random_layers, seed=opts.seed,
-                                test_fraction=opts.test_fraction, folds=opts.folds)
-    result = {**probes.json, "source": str(path), "candidate": info}
+    result = probe_recording(path, split_seed=opts.seed, test_fraction=opts.test_fraction, folds=opts.folds,
+                             **candidate_of(args))
     print(episode_table(result))
     if a.json:
         write_json(a.json, result)

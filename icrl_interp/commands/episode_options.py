@@ -38,10 +38,10 @@ def other_task_flags(args) -> list[str]:
     return [f for f in task_options.task_flags(args) if f.lstrip("-").replace("-", "_") not in CANDIDATE_TASK_OPTIONS]
 
 
-def targets(args, episodes, *, action_probs=None, split_seed: int = 0, test_fraction: float = 0.3):
-    """(targets {name: [H, T]}, what they are) from the parsed flags (`episode_targets.choose`)."""
+def candidate_of(args) -> dict:
+    """{candidate, params} from the parsed flags (`episode_targets.choose`'s arguments; candidate None: the
+    behavioural fit chooses), refusing a candidate's parameters without --candidate."""
     from ..core.errors import UserError
-    from ..verdicts.episode_targets import choose
 
     t = parsed(args, EpisodeTargets)
     task = given(args, list(CANDIDATE_TASK_OPTIONS))
@@ -49,8 +49,15 @@ def targets(args, episodes, *, action_probs=None, split_seed: int = 0, test_frac
     if t.candidate is None and (flags := [f"--{k}" for k in task] + target_flags(args)):
         raise UserError(f"{', '.join(flags)}: a candidate's parameters: give --candidate NAME with them (without it the "
                         "behavioural fit chooses the candidate and its parameters)")
-    return choose(episodes, action_probs=action_probs, candidate=t.candidate, params=params, split_seed=split_seed,
-                  test_fraction=test_fraction)
+    return {"candidate": t.candidate, "params": params}
+
+
+def targets(args, episodes, *, action_probs=None, split_seed: int = 0, test_fraction: float = 0.3):
+    """(targets {name: [H, T]}, what they are) from the parsed flags (`episode_targets.choose`)."""
+    from ..verdicts.episode_targets import choose
+
+    return choose(episodes, action_probs=action_probs, split_seed=split_seed, test_fraction=test_fraction,
+                  **candidate_of(args))
 
 
 def load_model(args, directory: str | None):

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analyzers.episode_probes import replay_targets
+from ..analyzers.analyze import AnalyzeOptions
+from ..analyzers.episode_probes import probe_episodes, replay_targets
+from ..analyzers.episode_recording import open_episode_recording
 from ..core.errors import UserError
 from ..tasks import learners
 from .behaviour_fit import fit_behaviour
@@ -51,3 +53,17 @@ def choose(episodes, *, action_probs=None, candidate: str | None = None, params:
         chosen = {k: float(v) for k, v in params.items()}
         info = {"candidate": best, "params": chosen, "source": "given"}
     return replay_targets(episodes, best, **chosen), info
+
+
+def probe_recording(path, *, candidate: str | None = None, params: dict | None = None, split_seed: int = 0,
+                    test_fraction: float = AnalyzeOptions.test_fraction, folds: int = AnalyzeOptions.folds) -> dict:
+    """`analyze REC.h5` of an episode recording (`record --episodes`; also `icrl_interp.analyze(path)`): the probes of
+    every recorded layer (with the recorded random-init baseline) to the targets `choose` picks, fitted to the
+    model's action probabilities; the JSON (`icrl_interp.episode_probes/1`) with `source` and `candidate`. The
+    defaults are `analyze`'s (AnalyzeOptions), so the CLI and Python give the same JSON."""
+    with open_episode_recording(path) as r:
+        t, info = choose(r.episodes, action_probs=r.action_probs(), candidate=candidate, params=params,
+                         split_seed=split_seed, test_fraction=test_fraction)
+        probes = probe_episodes(r.episodes, r.layers, t, random_layers=r.random_layers, seed=split_seed,
+                                test_fraction=test_fraction, folds=folds)
+    return {**probes.json, "source": str(path), "candidate": info}

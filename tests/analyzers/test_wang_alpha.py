@@ -146,7 +146,7 @@ def test_prompt_summary_gives_the_direct_metrics_at_any_step(L, S, d):
     v, g = rng.standard_normal(mu.shape), rng.standard_normal((20, S, d))
     g[0, 1] = 0.0  # a zero gradient: its cosine is undefined, so that prompt's SS is NaN in both
     summary = td_step.PromptSummary.of(np.arange(20), v, g, coef, states, mu)
-    assert summary.r_vd.shape == summary.r_w.shape == (20, L + 1, L + 1)  # independent of S and d
+    assert summary.r_vd.shape == summary.r_w.shape == (20, (L + 1) * (L + 2) // 2)  # packed triangles: not S, d
     for alpha in (0.0, 0.3, 1.4):
         w = td_step.weights_at(coef, alpha)
         want = convergence.vd_ss_iws(v, np.einsum("bsd,bd->bs", states, w), g, np.broadcast_to(w[:, None], g.shape),
@@ -167,3 +167,34 @@ def test_prompt_summary_keeps_a_zero_value_difference_exact():
     summary = td_step.PromptSummary.of(np.arange(16), v, np.broadcast_to(w[:, None], states.shape), 1e3 * coef, states, mu)
     m = summary.metrics(0.55)
     assert m["VD"].max() < 1e-20 and np.allclose(m["SS"], 1.0, atol=1e-12) and np.allclose(m["IWS"], 1.0, atol=1e-9)
+
+
+def test_prompt_summary_packing_and_blocks_change_no_bit(monkeypatch):
+    """The summaries keep their QR triangles packed (memory of a long live analysis) and `metrics` unpacks them
+    a block at a time: the numbers are those of the full k x k triangles in one product, bit for bit (the same
+    per-prompt products; a wrong triangle index, a transposed unpack or a block that skips or repeats
+    prompts changes them). `concat` keeps the parts' order and lets go of the parts."""
+    phi, nxt, r, states, mu = _td_data(B=20, d=5, S=6, seed=3)  # d, S >= k = 4: square triangles to compare with
+    rng = np.random.default_rng(11)
+    coef = td_step.td_weight_polynomial(phi, 0.8 * nxt, r, 3)
+    v, g = rng.standard_normal(mu.shape), rng.standard_normal((20, 6, 5))
+    k = coef.shape[1]
+    resid = -np.einsum("bsd,bkd->bsk", states, coef)
+    resid[..., 0] += v
+    full = {"vd": np.linalg.qr(np.sqrt(mu)[..., None] * resid, mode="r"),
+            "w": np.linalg.qr(np.swapaxes(coef, 1, 2), mode="r")}
+    assert all(m.shape == (20, k, k) for m in full.values())
+    assert not np.allclose(full["vd"], np.swapaxes(full["vd"], 1, 2))  # a transposed unpack would differ
+    parts = [td_step.PromptSummary.of(np.arange(a, b), v[a:b], g[a:b], coef[a:b], states[a:b], mu[a:b])
+             for a, b in ((0, 7), (7, 20))]
+    monkeypatch.setattr(td_step.PromptSummary, "METRICS_BLOCK", 3)  # 20 prompts: 7 blocks, the last one short
+    summary = td_step.PromptSummary.concat(parts)
+    assert parts[0].r_vd is None and parts[1].task_id is None
+    np.testing.assert_array_equal(summary.task_id, np.arange(20))  # exact: integers
+    for alpha in (0.37, 1.2):  # not 0: w_0 = 0, so IWS is NaN there
+        a = alpha ** np.arange(k)
+        got = summary.metrics(alpha)
+        w_norm = np.linalg.norm(full["w"] @ a, axis=-1)
+        # exact by construction: the same triangles (QR of the same rows) and the same per-prompt products
+        np.testing.assert_array_equal(got["VD"], np.sum((full["vd"] @ a) ** 2, axis=-1))
+        np.testing.assert_array_equal(got["IWS"], (summary.iws_num @ a) / w_norm)

@@ -84,6 +84,20 @@ def test_analyze_probes_are_probe_episodes_on_the_recorded_arrays(made, capsys):
     assert re.search(r"^\s+1\s+delta_selective\s", out, re.M) and "q_learning (alpha 0.5, gamma 0.9, beta 5)" in out
 
 
+def test_python_analyze_of_an_episode_recording_is_the_cli_json(made, capsys):
+    """`icrl_interp.analyze(REC.h5)` of an episode recording is `analyze REC.h5 --json`'s JSON (same defaults: split,
+    folds; same candidate). Kills: the recording sent to the families' analyzer (it refused it as "damaged"), a
+    default that differs from the CLI's (test_fraction 0.3 for 0.25), the candidate or its parameters dropped."""
+    import icrl_interp
+
+    t, _ = made
+    rc, _, err = _cli(capsys, "analyze", t / "rec.h5", *GIVEN, "--json", t / "py-given.json")
+    assert rc == 0, err
+    got = icrl_interp.analyze(t / "rec.h5", candidate="q-learning", params=Q)
+    want = json.loads((t / "py-given.json").read_text())
+    assert got["source"] == str(t / "rec.h5") and _close(got, want)
+
+
 def two_rules(monkeypatch) -> dict:
     """Spy on the behavioural fit of the targets (its arguments and result land in the dict returned) and keep it to
     two rules, for time (fit_behaviour itself is tested in tests/verdicts)."""

@@ -268,16 +268,48 @@ def test_the_docs_line_of_a_model_without_a_token_format_runs_and_acts_on_its_dp
     assert err.startswith("icrl-interp collect: error: the model has no token_format attribute") and err.count("\n") == 1
 
 
-@pytest.mark.slow  # ~10 s unloaded; fast sibling: test_the_example_model_is_causal_and_acts_on_its_own_history
+@pytest.mark.slow  # ~40 s unloaded; fast sibling: test_the_example_model_is_causal_and_acts_on_its_own_history
 def test_the_examples_episode_model_lines_run_end_to_end(in_repo_copy):
-    lines, _ = _section_lines(REPO / "examples" / "README.md", "Your own model over episodes")
-    assert [a[0] for a in lines] == ["collect", "record", "collect", "verdict"]
+    """Every line of the section (collect, record, analyze, causal, verdict of the recording, closed loop, its
+    verdict) and its Python block, on the untrained example model: each output is filled, and the answers are the
+    honest ones for a model that learns nothing in context ("none fits", causal not "yes", TD error not carried)."""
+    lines, blocks = _section_lines(REPO / "examples" / "README.md", "Your own model over episodes")
+    assert [a[0] for a in lines] == ["collect", "record", "analyze", "causal", "verdict", "collect", "verdict"]
+    assert len(blocks) == 1
     for argv in lines:
         assert cli.main(argv) == 0, argv
+    probes = json.loads(Path("episode_model_probes.json").read_text())
+    assert probes["schema"] == "icrl_interp.episode_probes/1" and probes["candidate"]["source"] == "behavioural fit"
+    assert probes["candidate"]["fitted_to"] == "action_probs" and probes["candidate"]["label"] == "none fits"
+    assert sorted(probes["layers"]) == ["0", "1"]  # both blocks' resid_post, the default role
+    for per in probes["layers"].values():
+        for name in ("delta", "delta_selective", "q", "v"):
+            p = per[name]
+            assert np.isfinite(p["r2"]) and not p["selective"]
+            assert all(np.isfinite(p["baselines"][b]) for b in ("input", "random_init", "shuffled"))  # baseline recorded
+    causal = json.loads(Path("episode_model_causal.json").read_text())
+    assert causal["schema"] == "icrl_interp.episode_causal/2" and causal["site"] == "blocks.0.hook_resid_post"
+    assert causal["draws"] == 8 and causal["steering"] is None and causal["random_init"] == {"seed": 0}
+    assert causal["candidate"]["fitted_to"] == "action_probs" and np.isfinite(causal["selectivity"]["mean"])
+    assert causal["conclusion"] == "no"  # measured: selectivity -0.00001 [-0.0007, 0.0002], far below 0.02
+    rec = json.loads(Path("episode_model_verdict-rec.json").read_text())
+    assert rec["schema"] == "icrl_interp.episode_verdict/2" and rec["fitted_to"] == "action_probs"
+    assert rec["verdict"]["label"] == "none fits" and not rec["verdict"]["clear"]
+    agreement = rec["representation"]["agreement"]
+    assert agreement["label"] == "not carried" and agreement["winner"] == rec["verdict"]["closest"]
+    assert set(rec["representation"]["candidates"]) >= {"q_learning", "sarsa", "mc_control"}
     closed = read_episodes("episode_model-closed.h5")
     assert closed.meta["agent"] == "model examples/episode_model.py:make" and closed.meta["policy"] == "model"
     verdict = json.loads(Path("episode_model_verdict.json").read_text())["verdict"]
     assert verdict["label"] == "none fits"  # untrained: near-uniform actions, no learning rule beats the baselines
+    scope: dict = {}
+    exec(compile(blocks[0], "examples/README.md", "exec"), scope)  # noqa: S102  the section's own Python
+    assert scope["probes"] == probes  # exact: the same computation on the same arrays (JSON floats round-trip)
+    assert scope["chosen"]["label"] == "none fits" and scope["causal"]["conclusion"] != "yes"
+    assert scope["causal"]["split"]["test_histories"] == 3 and np.isfinite(scope["causal"]["selectivity"]["mean"])
+    py = scope["verdict"]  # the same defaults as `verdict episode_model.h5`: the same fit, to float rounding
+    assert py["verdict"]["label"] == rec["verdict"]["label"] and py["verdict"]["closest"] == rec["verdict"]["closest"]
+    assert py["verdict"]["best_loglik"] == pytest.approx(rec["verdict"]["best_loglik"], rel=1e-9)
 
 
 def test_the_example_model_is_causal_and_acts_on_its_own_history():
