@@ -226,6 +226,8 @@ RENAMED: dict[str, dict[str, tuple[str, ...]]] = {
     "--steps": {"control": ("--iterations",), "verdict": ("--max-step",), "collect": ("--steps-per-history",)},
     "--causal-draws": {"verdict": ("--random-draws",)},
     "--prompts": {"demo": ("--tasks",)},
+    # collect counts histories and their steps; --episodes names an episodes file (record, causal, verdict)
+    "--episodes": {"collect": ("--histories", "--steps-per-history")},
 }
 """Old spelling -> {command: its new spelling(s)}: refused there with one line naming them (spellings of 0.1)."""
 
