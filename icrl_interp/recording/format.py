@@ -101,6 +101,17 @@ def _json_attr(value) -> str:
     return json.dumps(json_clean(value), sort_keys=True)
 
 
+def json_decoded(v):
+    """An attribute's value as `Recording.attr` returns it: JSON text of an object, an array or null decoded,
+    numpy scalars as Python ones, anything else as it is."""
+    if isinstance(v, str) and v[:1] in "{[" or v == "null":
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError:
+            return v
+    return v.item() if isinstance(v, np.generic) else v
+
+
 class RecordingWriter:
     """Append batches of prompts to `<path>.partial`; `finish()` moves it to `path`.
 
@@ -463,13 +474,7 @@ class Recording:
     # metadata
     def attr(self, key: str, default=None):
         """A root attribute, JSON-decoded where it was stored as JSON."""
-        v = _attr(self.f, key, default)
-        if isinstance(v, str) and v[:1] in "{[" or v == "null":
-            try:
-                return json.loads(v)
-            except json.JSONDecodeError:
-                return v
-        return v.item() if isinstance(v, np.generic) else v
+        return json_decoded(_attr(self.f, key, default))
 
     @property
     def schema_version(self) -> int:

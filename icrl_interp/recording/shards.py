@@ -44,7 +44,7 @@ import numpy as np
 from ..core.errors import UserError, one_line
 from ..core.faults import kill_point
 from ..core.files import atomic_path, json_clean, temporaries
-from .format import SCRATCH, SHARDS, Recording, partial_path
+from .format import SCRATCH, SHARDS, Recording, json_decoded, partial_path
 from .integrity import HDF5_SIGNATURE, INTEGRITY, integrity_digest, seal
 from .prompts import PromptSource
 
@@ -203,17 +203,8 @@ def plan_files(out, n_total: int, batch_size: int, count: int,
 def _same(a, b) -> bool:
     """Two attribute values alike once JSON-decoded (`Recording.attr`): what a stored attribute is compared by
     (a run's own value may still be the JSON text it is stored as, e.g. a probe spec's `to_json()`)."""
-    return json.dumps(json_clean(_decoded(a)), sort_keys=True) == json.dumps(json_clean(_decoded(b)), sort_keys=True)
-
-
-def _decoded(v):
-    """`v`, or the value of JSON text that `Recording.attr` would decode (an object or an array)."""
-    if isinstance(v, str) and v[:1] in "{[":
-        try:
-            return json.loads(v)
-        except json.JSONDecodeError:
-            return v
-    return v
+    return (json.dumps(json_clean(json_decoded(a)), sort_keys=True)
+            == json.dumps(json_clean(json_decoded(b)), sort_keys=True))
 
 
 def check_done(path: Path, meta: dict, run_meta: dict | None = None, keys: tuple[str, ...] = ()) -> dict:
