@@ -13,6 +13,8 @@ figures (target):
              (softmax-td theta*, d 10, L 4, n 32, 2048 prompts, no random-init baseline); the rest of
              the live time is printed as a breakdown
   record     record to HDF5 / plain forward (softmax-td theta*, 12 hooks)  <= 1.3x
+             (beside it the floor no recorder can beat on this machine: max(forward, raw write) / forward,
+             and max(forward, the disk's fsync time, CPU of forward + page-cache copy / cores) / forward)
   hdf5       HDF5 write speed (activation bytes / (record - forward)) / raw tofile + fsync of the same
              bytes                                                        >= 80 %
   analyze    analyze a recording / read its datasets once, page cache evicted before each  <= 2x
@@ -149,6 +151,16 @@ def fig_live(setting: str, repeats: int) -> dict:
                                         f"analysis beyond both {med[2] - med[0] - med[1]:.3f} s"}
 
 
+def record_floors(forward: float, forward_cpu: float, raw: float, copy_cpu: float, disk: float,
+                  cores: int) -> tuple[float, float]:
+    """What no recorder can beat, as ratios to the forward's wall time: (1) the forward or the raw write of
+    the same bytes (`tofile` + fsync, one after the other), whichever is longer; (2) the lower bounds the
+    parts give when they overlap perfectly: the forward itself, the disk's own time for the bytes (the
+    fsync after the copy), and the CPU work of the forward and of the copy into the page cache spread over
+    the `cores` the process may use."""
+    return max(forward, raw) / forward, max(forward, disk, (forward_cpu + copy_cpu) / cores) / forward
+
+
 def fig_record(setting: str, repeats: int) -> tuple[dict, dict]:
     """(record / forward, HDF5 write speed / raw write speed): one run feeds both."""
     from icrl_interp.recording import probe_spec, recorder
@@ -157,26 +169,39 @@ def fig_record(setting: str, repeats: int) -> tuple[dict, dict]:
     model, config, z = softmax_workload(prompts, 64)
     spec = probe_spec.shipped_spec("softmax-td")
     tmp = Path(tempfile.mkdtemp(prefix="bench_targets_"))
-    plain = wall(plain_forward(model, z, batch))
-    written = {}
+    forward = plain_forward(model, z, batch)
+    written, cpu = {}, {"forward": [], "record": []}  # CPU seconds of each call (every thread of this process)
 
-    def rec():
+    def plain():
+        c0 = time.process_time()
+        forward()
+        cpu["forward"].append(time.process_time() - c0)
+    plain = wall(plain)
+
+    def record_t():
+        """Seconds of one recording; deleting the last round's file (739 MiB, ≈ 0.03 s) is not timed."""
         out = tmp / "r.h5"
         out.unlink(missing_ok=True)
         src = recorder.PromptSource(config=None, arrays={"prompts/z": z}, n_total=len(z))
+        c0, t0 = time.process_time(), time.perf_counter()
         written["bytes"] = recorder.record(model, out, spec, src, batch_size=batch, progress=False).bytes_written
-
-    record_t = wall(rec)
+        cpu["record"].append(time.process_time() - c0)
+        return time.perf_counter() - t0
     try:
         with threads(setting):
             record_t()
             blob = np.ones(written["bytes"] // 4, dtype=np.float32)
 
+            raw_parts = []  # per call: (CPU of the copy into the page cache, wall of the fsync after it)
+
             def raw():
                 with open(tmp / "raw.bin", "wb") as f:
+                    c0 = time.process_time()
                     blob.tofile(f)
                     f.flush()
+                    c1, t1 = time.process_time(), time.perf_counter()
                     os.fsync(f.fileno())
+                    raw_parts.append((c1 - c0, time.perf_counter() - t1))
             raw_t = wall(raw)
             parts = []
             for i in range(repeats):
@@ -189,8 +214,17 @@ def fig_record(setting: str, repeats: int) -> tuple[dict, dict]:
         tmp.rmdir()
     mib = written["bytes"] / 2**20
     med = np.median(np.array(parts), axis=0)
+    cores = len(os.sched_getaffinity(0))
+    floors = [record_floors(p, fc, w, copy, disk, cores)
+              for (p, _, w), fc, (copy, disk) in zip(parts, cpu["forward"], raw_parts)]
+    floor_raw, floor_parts = [f for f, _ in floors], [f for _, f in floors]
     record = {"ratios": [r / p for p, r, _ in parts],
-              "detail": f"forward {med[0]:.3f} s, record {med[1]:.3f} s, {mib:.0f} MiB of activations"}
+              "detail": f"forward {med[0]:.3f} s, record {med[1]:.3f} s, {mib:.0f} MiB of activations; "
+                        f"CPU forward {np.median(cpu['forward']):.3f} s, record {np.median(cpu['record'][1:]):.3f} s; "
+                        f"floor max(forward, raw)/forward {np.median(floor_raw):.2f}x, "
+                        f"max(forward, disk {np.median([d for _, d in raw_parts]):.3f} s, CPU of forward + copy "
+                        f"{np.median([c for c, _ in raw_parts]):.3f} s over {cores} cores)/forward "
+                        f"{np.median(floor_parts):.2f}x"}
     hdf5 = {"ratios": [w / max(r - p, 1e-9) for p, r, w in parts],
             "detail": f"HDF5 beyond the forward {mib / max(med[1] - med[0], 1e-9):.0f} MiB/s, raw tofile+fsync "
                       f"{mib / med[2]:.0f} MiB/s"}

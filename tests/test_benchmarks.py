@@ -53,3 +53,16 @@ def test_the_episodes_benchmark_parses_as_documented():
     script = SCRIPT.parent / "bench_episodes.py"
     out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--histories" in out.stdout and "--steps" in out.stdout
+
+
+def test_the_record_floor_is_the_largest_lower_bound():
+    bt = _module()  # exact comparisons: each floor is an input over 1.0, or a sum of binary fractions over 2
+    # forward 1 s on one core, raw write 0.9 s: the forward bounds both
+    assert bt.record_floors(1.0, 1.0, 0.9, 0.3, 0.5, 2) == (1.0, 1.0)
+    # a slow disk: raw 1.5 s bounds (1); the disk's own 1.2 s bounds (2)
+    assert bt.record_floors(1.0, 1.0, 1.5, 0.3, 1.2, 2) == (1.5, 1.2)
+    # a forward on both cores (CPU 2 s in 1 s) leaves the copy no core: (2 + 0.5) / 2 cores
+    assert bt.record_floors(1.0, 2.0, 0.9, 0.5, 0.4, 2) == (1.0, 1.25)
+    # one core: the forward's and the copy's CPU add up
+    assert bt.record_floors(2.0, 2.0, 1.0, 1.0, 0.5, 1) == (1.0, 1.5)
+

@@ -252,6 +252,15 @@ def chunk_rows(bytes_per_prompt: int, budget_bytes: int, n_prompts: int) -> int:
     return max(2, min(rows, n_prompts + n_prompts % 2))
 
 
+TRIM_SLACK: float | None = 0.0
+"""How `iter_chunks` gives the heap's freed pages back: after a chunk when the heap's free bytes have grown by this
+fraction of one chunk's arrays since the last trim (`heap.OnGrowth`; 0: whenever they have grown at all); None:
+after every chunk (`heap.release_free_memory`). Measured 2026-12-02 on an idle machine (docs/benchmarks.md): live
+analysis / (forward + source), one thread, 3.28x at 0, 3.86x at 0.25, 4.82x every chunk (the next chunk faults the
+returned pages in again); peak RSS of the 100k-prompt live run (linear-td theta*) 345-346 MiB at 0 (1.19-1.20x the
+1k run's 289 MiB), 346-371 MiB at 0.25 (1.20-1.28x), 341-343 MiB every chunk (1.18x)."""
+
+
 class ReadAhead:
     """Asks the OS to fetch the file regions of the next prompts while the current ones are analyzed.
 
@@ -306,11 +315,11 @@ def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False) -> Ite
 
     Dataset handles and their dtype attributes are looked up once, not per chunk; while the caller works on
     a chunk, the next one is read in a thread where a core is spare (`threads.ahead`) and the OS fetches the
-    one after it (ReadAhead).
+    one after it (ReadAhead). After each chunk the heap's free pages go back to the OS (`TRIM_SLACK`).
     """
     from tqdm.auto import tqdm
 
-    from ..core.heap import release_free_memory
+    from ..core import heap
     from ..recording.format import BF16, bf16_to_float32
 
     N = rec.n_prompts
@@ -332,13 +341,16 @@ def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False) -> Ite
 
     ahead = ReadAhead(rec.path, [ds for ds, _ in handles.values()])
     bar = tqdm(total=N, unit="prompt", desc=f"analyze {rec.path.name}", disable=not progress, leave=False)
+    chunk_bytes = rows * sum(int(np.prod(ds.shape[1:])) * ds.dtype.itemsize for ds, _ in handles.values())
+    trim = (heap.release_free_memory if TRIM_SLACK is None  # chunk_bytes as read: bfloat16 counts 2 bytes
+            else heap.OnGrowth(int(TRIM_SLACK * chunk_bytes)))
     chunks = threads.ahead(read, range(0, N, rows))  # the next chunk read meanwhile
     try:
         ahead.hint(0, rows)
         for start, stop, data in chunks:
             yield start, stop, data
             del data
-            release_free_memory()  # the chunk's arrays are freed: keep peak memory flat in the prompts
+            trim()  # the chunk's arrays are freed: keep peak memory flat in the prompts
             bar.update(stop - start)
     finally:
         chunks.close()  # the reader thread ends before the file handles close

@@ -19,6 +19,7 @@ features, `PopulationKernel`: a checkpoint's from tasks its sampler draws, a rec
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -115,7 +116,8 @@ class DiagonalityAccumulator:
         self.M_sum = np.zeros((self.n_states, self.n_states))
         self.M_count = np.zeros(self.n_states)
 
-    def update(self, M: Float[Array, "batch s s"]) -> None:
+    def update(self, M: Float[Array, "batch s s"]) -> tuple[Float[Array, " batch"], Float[Array, " batch"]]:
+        """Add the tasks of M; returns their (mean, min) diagonals (`task_diagonals`), for per-task values."""
         mean, mins = task_diagonals(M)
         ok = np.isfinite(mins)
         self.tasks += int(ok.sum())
@@ -127,6 +129,7 @@ class DiagonalityAccumulator:
         rows = np.isfinite(M).all(-1)
         self.M_sum += np.where(rows[..., None], M, 0.0).sum(0)
         self.M_count += rows.sum(0)
+        return mean, mins
 
     def result(self, with_matrix: bool = True) -> dict | None:
         """mean = average over tasks of the mean diagonal; min = average over tasks of the minimum
@@ -151,16 +154,34 @@ class DiagonalityAccumulator:
         return out
 
 
+def self_pairs(q_pos: Int[Array, " q"], k_pos: Int[Array, " k"]) -> tuple[Int[Array, " j"], Int[Array, " j"]] | None:
+    """(target index, source index) of every position that is both a target and a source; None if none."""
+    kidx = {int(p): i for i, p in enumerate(k_pos)}
+    pairs = [(i, kidx[int(p)]) for i, p in enumerate(q_pos) if int(p) in kidx]
+    return tuple(np.array(pairs).T) if pairs else None
+
+
 def self_mass(
     pattern: Float[Array, "batch heads q k"], q_pos: Int[Array, " q"], k_pos: Int[Array, " k"]
 ) -> Float[Array, " batch"]:
     """Label-free: mean over targets j that are also sources of the weight K[j <- j] on itself."""
-    kidx = {int(p): i for i, p in enumerate(k_pos)}
-    pairs = [(i, kidx[int(p)]) for i, p in enumerate(q_pos) if int(p) in kidx]
-    if not pairs:
+    return pair_mass(pattern, self_pairs(q_pos, k_pos))
+
+
+def pair_mass(pattern: Float[Array, "batch heads q k"], pairs) -> Float[Array, " batch"]:
+    """Per prompt, the mean over heads and `self_pairs` (target, source) of the pattern's weight (NaN: no pairs)."""
+    if pairs is None:
         return np.full(pattern.shape[0], np.nan)
-    qi, ki = np.array(pairs).T
+    qi, ki = pairs
     return pattern[:, :, qi, ki].mean(axis=(1, 2))
+
+
+@functools.lru_cache(maxsize=8)
+def _projection(width: int) -> np.ndarray:
+    """The fixed random direction of `feature_ids` (drawn once per width, not once per chunk), read-only."""
+    r = np.random.default_rng(0x5EED).standard_normal(width)
+    r.flags.writeable = False
+    return r
 
 
 def feature_ids(features: Float[Array, "batch pos f"], rel_tol: float = 1e-9) -> Float[Array, "batch pos"]:
@@ -169,7 +190,7 @@ def feature_ids(features: Float[Array, "batch pos f"], rel_tol: float = 1e-9) ->
     Two distinct vectors collide only on a measure-zero set, so comparing ids is
     comparing feature vectors, in O(pos) per prompt instead of O(pos^2 f).
     """
-    r = np.random.default_rng(0x5EED).standard_normal(features.shape[-1])
+    r = _projection(features.shape[-1])
     scale = np.abs(features).max() if features.size else 1.0
     return np.round(features @ r / (max(scale, 1e-300) * rel_tol))
 
@@ -198,6 +219,18 @@ def feature_codes(ids: Float[Array, "batch pos"]) -> Int[Array, "batch pos"]:
     return codes
 
 
+def same_partition(a: Int[Array, "batch pos"], b: Int[Array, "batch pos"]) -> bool:
+    """Whether in every row a[i] == a[j] <-> b[i] == b[j] (non-negative integer labels): each label of a row's
+    `a` goes with one label of `b` and back, which two scatters and two gathers tell in O(pos) per row
+    (the pairwise comparison is O(pos^2))."""
+    rows = np.arange(a.shape[0])[:, None]
+    a_to_b = np.zeros((a.shape[0], int(a.max(initial=0)) + 1), dtype=b.dtype)
+    b_to_a = np.zeros((a.shape[0], int(b.max(initial=0)) + 1), dtype=a.dtype)
+    a_to_b[rows, a] = b  # the last b written for each label of a: equal to every b of that label iff a -> b is a map
+    b_to_a[rows, b] = a
+    return bool(np.array_equal(a_to_b[rows, a], b) and np.array_equal(b_to_a[rows, b], a))
+
+
 @dataclass
 class ChunkColumns:
     """Per-source indicator columns shared by every layer of a chunk: [state one-hot | 1 | code one-hot]."""
@@ -217,17 +250,19 @@ class ChunkColumns:
     @classmethod
     def build(cls, states, n_states: int, codes=None, dtype=np.float32) -> "ChunkColumns":
         B, pos = states.shape
-        if codes is not None and n_states and np.all(states >= 0) and np.array_equal(
-                states[:, :, None] == states[:, None, :], codes[:, :, None] == codes[:, None, :]):
-            return cls(cls.build(states, n_states, None, dtype).cols, n_states, states, None, True)
+        same = bool(codes is not None and n_states and np.all(states >= 0) and same_partition(states, codes))
+        if same:  # the state columns serve for the codes too
+            codes = None
         C = 0 if codes is None else int(codes.max()) + 1  # distinct feature vectors in the chunk's prompts
         cols = np.zeros((B, pos, n_states + 1 + C), dtype=dtype)
-        cols[..., :n_states] = onehot(states, n_states) if n_states else 0.0
+        if n_states:  # state one-hot, written in place (a negative state, no label, gives a zero row)
+            b, p = np.nonzero(states >= 0)
+            cols[b, p, states[b, p]] = 1.0
         cols[..., n_states] = 1.0
         if codes is not None:
             b, p = np.indices(codes.shape)
             cols[b, p, n_states + 1 + codes] = 1.0
-        return cls(cols, n_states, states, codes)
+        return cls(cols, n_states, states, codes, same)
 
     def targets(self, q_pos: np.ndarray) -> np.ndarray:
         """[batch, q, S + 1 + C] indicator columns of the targets at positions q_pos (cached)."""
@@ -275,29 +310,31 @@ class PopulationKernel:
                  score: str = "A", block: str = "x", source: str = "recorded tasks"):
         self.source = source
         x = layout.slice(block)
-        self.A11 = []
+        self.kernels: dict[bytes, tuple[np.ndarray, DiagonalityAccumulator]] = {}
+        """A11 (its bytes) -> (A11, its accumulator): layers with equal score blocks (tied, or theta*'s) have the
+        same M_pi, so it is computed and accumulated once for all of them."""
+        self.layer_keys: list[bytes | None] = []
+        """Layer l's key in `kernels` (None: no score parameter)."""
         for l in range(n_layers):
             A = layer_param(params, l, score)
-            self.A11.append(None if A is None else np.asarray(A, dtype=np.float64)[x, x])
-        self.acc = [DiagonalityAccumulator(gamma, n_states) for _ in range(n_layers)]
+            A11 = None if A is None else np.asarray(A, dtype=np.float64)[x, x]
+            key = None if A11 is None else A11.tobytes()
+            if key is not None and key not in self.kernels:
+                self.kernels[key] = (A11, DiagonalityAccumulator(gamma, n_states))
+            self.layer_keys.append(key)
 
     def update(self, chunk: Chunk) -> None:
         self.add(chunk.data["tasks/phi"], chunk.data["tasks/stationary"])
 
     def add(self, phi: np.ndarray, mu: np.ndarray) -> None:
         """Tasks' features [B, S, f] and stationary distributions [B, S]."""
-        done: dict[bytes, np.ndarray] = {}  # tied layers share A11: compute its kernel once
-        for A11, acc in zip(self.A11, self.acc):
-            if A11 is not None:
-                key = A11.tobytes()
-                if key not in done:
-                    done[key] = population_kernel(A11, phi, mu)
-                acc.update(done[key])
+        for A11, acc in self.kernels.values():
+            acc.update(population_kernel(A11, phi, mu))
 
     def result(self, source: str) -> list[dict]:
         out = []
-        for l, acc in enumerate(self.acc):
-            res = acc.result(with_matrix=False)
+        for l, key in enumerate(self.layer_keys):
+            res = None if key is None else self.kernels[key][1].result(with_matrix=False)
             if res is not None:
                 out.append({"layer": l, "tasks": source, **res})
         return out
@@ -317,6 +354,7 @@ class KernelStream:
             raise UserError(f"hook {self.path[5:]} has shape {shape}, expected [N, heads, q, {pos}]")
         self.q = inputs.positions(ds.attrs, shape, 2, pos, self.path[5:])
         self.k = np.arange(pos)
+        self.pairs = self_pairs(self.q, self.k)  # the positions that are both targets and sources, once
         self.heads = shape[1]
         self.acc = [DiagonalityAccumulator(gamma, n_states) for _ in range(self.heads)] if use_labels else None
         self.per_task = [PerTask(("mean", "min"), per_task_max) for _ in range(self.heads)] if use_labels else None
@@ -358,11 +396,10 @@ class KernelStream:
             return
         if self.acc is not None:
             for h, acc in enumerate(self.acc):
-                acc.update(res["M"][:, h])
+                mean, mins = acc.update(res["M"][:, h])
                 if TASK_KEY in data and not self.per_task[h].over:
-                    mean, mins = task_diagonals(res["M"][:, h])
                     self.per_task[h].update(data[TASK_KEY], mean=mean, min=mins)
-        self.self_sum += float(self_mass(pat, self.q, self.k).sum())
+        self.self_sum += float(pair_mass(pat, self.pairs).sum())
         if "same_mass" in res:
             self.same_sum += float(res["same_mass"].sum())
         self.count += pat.shape[0]

@@ -97,12 +97,12 @@ class ColumnGroup:
         self.sums = None
         self.block, self.y0 = None, None
 
-    def update(self, data: dict, split: "ChunkSplit") -> None:
-        """Build the chunk's targets (real, then the partner's) once for every probe on these columns."""
+    def update(self, data: dict, split: "ChunkSplit") -> list[tuple]:
+        """Build the chunk's targets (real, then the partner's) once for every probe on these columns; the
+        input baseline's (accumulator, features) to add (`ProbeSet.update`)."""
         self.block = td_probe.TargetBlock([split.Y[:, self.take], split.Ys[:, self.take]], split.grouping, self.y0)
         self.y0 = self.block.y0
-        if self.acc is not None:
-            self.acc.update(data["prompts/z"][:, self.take], self.block)
+        return [] if self.acc is None else [(self.acc, data["prompts/z"][:, self.take])]
 
     def start_scoring(self, n_tasks: int) -> None:
         self.fit = None if self.acc is None else self.acc.result()
@@ -173,10 +173,10 @@ class ProbeStream:
         X = act[:, self.src]
         return X.reshape(X.shape[0], X.shape[1], -1)
 
-    def update(self, data: dict, split: "ChunkSplit") -> None:
-        self.acc.update(self.features(data, self.path), self.group.block)  # built by the group this chunk
-        if self.base is not None:
-            self.base.update(self.features(data, self.base_path), self.group.block)
+    def update(self, data: dict) -> list[tuple]:
+        """(accumulator, features) of the probe and its random-init baseline to add (`ProbeSet.update`)."""
+        out = [(self.acc, self.features(data, self.path))]
+        return out + ([] if self.base is None else [(self.base, self.features(data, self.base_path))])
 
     def start_scoring(self, n_tasks: int) -> None:
         self.fits = {"model": self.acc.result(), "random_init": None if self.base is None else self.base.result()}
@@ -337,10 +337,15 @@ class ProbeSet:
             self.test_mates.append(split.mate[held])
             self.test_tasks.append(np.unique(split.task[held]))
             self._keep_held(data, held, split, chunk.stop)
-        for g in self.groups.values():
-            g.update(data, split)
-        for p in self.probes.values():
-            p.update(data, split)
+        adds = [(g, add) for g in self.groups.values() for add in g.update(data, split)]  # the groups' first:
+        adds += [(p.group, add) for p in self.probes.values() for add in p.update(data)]  # they build the targets
+        # the accumulators on the same columns with the same shape are added together (`td_probe.update_together`:
+        # one call of the products for all of them; each gets the numbers it would get alone)
+        together: dict[tuple, list] = {}
+        for g, (acc, X) in adds:
+            together.setdefault((id(g), acc.n_features, acc.n_targets), [g.block]).append((acc, X))
+        for block, *items in together.values():
+            td_probe.update_together([acc for acc, _ in items], [X for _, X in items], block)
 
     @property
     def feature_paths(self) -> list[str]:
@@ -357,7 +362,7 @@ class ProbeSet:
         not fit keeps nothing from its first chunk on, so its peak memory does not carry a cache to be dropped."""
         if self.held is None:
             return
-        part = {p: np.array(data[p][held]) for p in self.feature_paths}
+        part = {p: np.asarray(data[p][held]) for p in self.feature_paths}  # a mask's rows: a copy already
         block = (part, split.task[held], split.Y[held], split.Ys[held])
         self.held_bytes += sum(a.nbytes for a in part.values()) + sum(a.nbytes for a in block[1:])
         if max(self.held_bytes, self.held_bytes * self.N / max(seen, 1)) > HELD_OUT_CACHE_BYTES:

@@ -32,7 +32,8 @@ shares X^T X with the probe and every target; the targets' own sums and squares 
 chunk for every probe on the same columns (`TargetBlock`), and so is the input baseline (one
 accumulator per column set, `probes.ColumnGroup`). Per chunk a probe adds its features' products
 per fold (`numpy_products`, or `TorchProducts` on the model's device in a live analysis on a GPU:
-one batched GEMM for every fold).
+one batched GEMM for every fold); the probes on the same columns with the same shape do so in one call
+(`update_together`), each getting the numbers it would get alone, bit for bit.
 
 Floats: the statistics are always accumulated in float64 across chunks (`ProbeAccumulator.G`), and on
 the CPU (`numpy_products`) every product is float64 too: the features, float32 activations included, are
@@ -331,25 +332,40 @@ class TargetBlock:
         self.squares = np.stack([np.einsum("ij,ij->j", p, p) for p in parts])
 
 
-def numpy_products(X: np.ndarray, rows: np.ndarray, x0: np.ndarray, Y: np.ndarray, bounds: np.ndarray):
-    """(X_f^T X_f [f, F, F], X_f^T Y_f [f, F, T], column sums of X_f [f, F]) of every fold f, float64,
-    where X_f are the samples bounds[f]:bounds[f+1] of X[rows] (prompts sorted by fold, each with its
-    columns) shifted by x0, and Y_f the same rows of Y. Folds with no samples give zeros. Every product
-    is float64 whatever X's dtype (the module's note on floats)."""
-    F, folds = X.shape[-1], len(bounds) - 1
-    Xz = np.subtract(X[rows].reshape(-1, F), x0, dtype=np.float64)  # rows sorted by fold: each fold a slice
-    XX, XY, sx = np.zeros((folds, F, F)), np.zeros((folds, F, Y.shape[1])), np.zeros((folds, F))
+def numpy_products(Xs: list[np.ndarray], rows: np.ndarray, x0: np.ndarray, Y: np.ndarray, bounds: np.ndarray):
+    """(X_f^T X_f [P, f, F, F], X_f^T Y_f [P, f, F, T], column sums of X_f [P, f, F]) of every fold f of each of
+    the P feature sets `Xs` ([batch, cols, F] each, one F), float64, where X_f are the samples
+    bounds[f]:bounds[f+1] of X[rows] (prompts sorted by fold, each with its columns) shifted by that set's
+    x0 [P, F], and Y_f the same rows of Y. Folds with no samples give zeros. Every product is float64
+    whatever X's dtype (the module's note on floats).
+
+    The sets lie in one float64 buffer [P, samples, F], each set's samples contiguous as if it were alone, so
+    a fold costs one batched call per product for all P sets (a batched matmul is one BLAS call per set, on
+    the same matrix): every number is bit for bit what the set alone gives (tested), with P times fewer
+    calls."""
+    P, (_, cols, F), folds = len(Xs), Xs[0].shape, len(bounds) - 1
+    Xz = np.empty((P, rows.size, cols * F))
+    x0 = np.tile(np.asarray(x0, dtype=np.float64), cols)  # [P, cols * F]: the shift of each column's features
+    for p, X in enumerate(Xs):
+        Xz[p] = X[rows].reshape(rows.size, -1)  # the cast to float64 is exact
+    Xz -= x0[:, None, :]  # then one rounding, (x - x0) in float64, for every set at once
+    Xz = Xz.reshape(P, -1, F)
+    XX, XY, sx = np.zeros((P, folds, F, F)), np.zeros((P, folds, F, Y.shape[1])), np.zeros((P, folds, F))
     for f in range(folds):
         lo, hi = bounds[f], bounds[f + 1]
         if hi > lo:
-            Xf = Xz[lo:hi]
-            XX[f], XY[f], sx[f] = Xf.T @ Xf, Xf.T @ Y[lo:hi], Xf.sum(0)
+            Xf = Xz[:, lo:hi]
+            Xt = Xf.transpose(0, 2, 1)
+            XX[:, f], XY[:, f] = Xt @ Xf, Xt @ Y[lo:hi]
+            # column sums in the order numpy sums one set's [m, F] block: row by row (einsum does that, 2-4x
+            # faster than a sum over the middle axis), a single column (F = 1) pairwise, which einsum does not
+            sx[:, f] = np.einsum("pmf->pf", Xf) if F > 1 else Xf.sum(1)
     return XX, XY, sx
 
 
 class TorchProducts:
-    """`numpy_products` with torch on `device`, as one batched GEMM per chunk: the fold-sorted samples
-    padded to [folds, m, F + 1 + T] (zero rows add nothing), Z_f^T [X_f | 1 | Y_f] gives X^T X, the
+    """`numpy_products` with torch on `device`, as one batched GEMM per chunk and feature set: the fold-sorted
+    samples padded to [folds, m, F + 1 + T] (zero rows add nothing), Z_f^T [X_f | 1 | Y_f] gives X^T X, the
     column sums and X^T Y of every fold at once. The shift by x0 is done in float64, the GEMM in
     `dtype` (float64 unless told "float32"; the module's note on floats), and the
     results come back as float64 numpy for the accumulator. Live analysis on a GPU uses it (`on_device`); on the CPU the
@@ -361,7 +377,12 @@ class TorchProducts:
         self.torch, self.device = torch, torch.device(device)
         self.dtype = getattr(torch, dtype)
 
-    def __call__(self, X: np.ndarray, rows: np.ndarray, x0: np.ndarray, Y: np.ndarray, bounds: np.ndarray):
+    def __call__(self, Xs: list[np.ndarray], rows: np.ndarray, x0: np.ndarray, Y: np.ndarray, bounds: np.ndarray):
+        parts = [self.one(X, rows, x0p, Y, bounds) for X, x0p in zip(Xs, x0)]
+        return tuple(np.stack(part) for part in zip(*parts))
+
+    def one(self, X: np.ndarray, rows: np.ndarray, x0: np.ndarray, Y: np.ndarray, bounds: np.ndarray):
+        """The products of one feature set ([folds, ...] each)."""
         torch, dev = self.torch, self.device
         F, T, folds = X.shape[-1], Y.shape[1], len(bounds) - 1
         x = torch.as_tensor(np.ascontiguousarray(X[rows].reshape(-1, F)[: bounds[-1]])).to(dev, non_blocking=True)
@@ -375,6 +396,12 @@ class TorchProducts:
         Z[fold, at, F + 1 :] = torch.as_tensor(Y[: bounds[-1]], device=dev).to(dtype)
         P = (Z[:, :, :F].transpose(1, 2) @ Z).to(torch.float64).cpu().numpy()
         return P[:, :, :F], P[:, :, F + 1 :], P[:, :, F]
+
+
+STACK_BYTES = 4 * 2**20
+"""Float64 features of one products call at most (`update_together`): several probes' samples in one buffer
+save calls, but past the cache's size the products slowed down (a file's 128 MiB chunks), and an analysis's
+memory would grow with its number of probes."""
 
 
 PRODUCTS = contextvars.ContextVar("td_probe_products", default=numpy_products)
@@ -418,22 +445,20 @@ class ProbeAccumulator:
     def update(self, X: Float[Array, "batch cols f"], targets, grouping=None) -> None:
         """Add samples (one per prompt and column) of the prompts a chunk's fold grouping keeps.
         `targets` is a `TargetBlock` shared by every probe on the same columns (its first
-        n_targets targets are used), or a list of [batch, cols, t] arrays with `grouping`.
+        n_targets targets are used), or a list of [batch, cols, t] arrays with `grouping`
+        (`update_together` adds several accumulators' samples at once)."""
+        if not isinstance(targets, TargetBlock):
+            targets = TargetBlock(targets, grouping, self.y0)  # shifted by this accumulator's origin
+        update_together([self], [X], targets)
+
+    def _add(self, XX: np.ndarray, XY: np.ndarray, sx: np.ndarray, tb: "TargetBlock", bounds: np.ndarray) -> None:
+        """Add one chunk's products ([k + 1 folds, ...] each) and its targets' sums and squares to G.
 
         Only the parts of G a ridge fit and its residuals need are accumulated: X^T [X, Y, 1], the
         sums row and the diagonal of Y^T Y (w_t^T G w_t never touches Y_s^T Y_t, s != t), and the
         target parts come precomputed with the block: with many targets that is several times
         cheaper than Z^T Z per probe. `_gram` fills in the symmetric part."""
-        if not isinstance(targets, TargetBlock):
-            targets = TargetBlock(targets, grouping, self.y0)  # shifted by this accumulator's origin
-        F, T, tb = self.n_features, self.n_targets, targets
-        if tb.rows.size == 0:
-            return
-        if self.x0 is None:  # a fixed shift for numerical stability: the first kept samples' mean
-            self.x0, self.y0 = X[tb.rows].reshape(-1, F).mean(0), tb.y0[:T]
-        folds = self.k + 1  # a grouping's samples past fold k (none kept) are left out
-        bounds = tb.bounds[: folds + 1]
-        XX, XY, sx = self.products(X, tb.rows, self.x0, tb.Yz[:, :T], bounds)
+        F, T, folds = self.n_features, self.n_targets, self.k + 1
         G, diag = self.G, np.arange(F, F + T)
         G[:, :F, :F] += XX
         G[:, :F, F : F + T] += XY
@@ -514,6 +539,28 @@ class ProbeAccumulator:
                 "intercept": (my + self.y0) - (mx + self.x0) @ coef, "n_train": int(n), "n_test": int(nt)}
 
 
+def update_together(accs: list[ProbeAccumulator], Xs: list[np.ndarray], tb: TargetBlock) -> None:
+    """`ProbeAccumulator.update` of accumulators of one shape (features, targets, folds; the same products)
+    with their features `Xs` ([batch, cols, F] each) on one chunk's targets `tb`: one call of the products
+    for as many of them as STACK_BYTES of float64 features hold (`numpy_products`), each accumulator's sums
+    the same, bit for bit, as alone."""
+    acc0 = accs[0]
+    F, T = acc0.n_features, acc0.n_targets
+    if tb.rows.size == 0:
+        return
+    for acc, X in zip(accs, Xs):
+        if acc.x0 is None:  # a fixed shift for numerical stability: the first kept samples' mean
+            acc.x0, acc.y0 = X[tb.rows].reshape(-1, F).mean(0), tb.y0[:T]
+    bounds = tb.bounds[: acc0.k + 2]  # a grouping's samples past fold k (none kept) are left out
+    step = max(1, STACK_BYTES // (int(bounds[-1]) * F * 8 or 1))
+    for lo in range(0, len(accs), step):
+        part = accs[lo : lo + step]
+        XX, XY, sx = acc0.products(Xs[lo : lo + step], tb.rows, np.stack([acc.x0 for acc in part]), tb.Yz[:, :T],
+                                   bounds)
+        for i, acc in enumerate(part):
+            acc._add(XX[i], XY[i], sx[i], tb, bounds)
+
+
 def residual_sums(X: Float[Array, "batch cols f"], Y: Float[Array, "batch cols t"], coef: np.ndarray,
                   intercept: np.ndarray) -> Float[Array, "batch t"]:
     """Per prompt and target, the sum over columns of the squared held-out residuals of a fitted probe."""
@@ -566,6 +613,10 @@ def percentile_interval(samples: Float[Array, "r t"], level: float = 0.95) -> Fl
 
 
 def max_baseline(base: Float[Array, "... b t"]) -> Float[Array, "... t"]:
-    """The largest baseline R^2 along axis -2, ignoring NaN ones (NaN only when all are)."""
-    worst = np.where(np.isnan(base), -np.inf, base).max(-2)
+    """The largest baseline R^2 along axis -2, ignoring NaN ones (NaN only when all are). The baselines are
+    few: fmax of one after the other is the same (a maximum is exact) and several times faster than a
+    reduction along the short axis (the bootstrap calls this on [resamples, probes, baselines, targets])."""
+    worst = np.full(base.shape[:-2] + base.shape[-1:], -np.inf)
+    for b in np.moveaxis(base, -2, 0):
+        np.fmax(worst, b, out=worst)  # fmax ignores NaN
     return np.where(np.isneginf(worst), np.nan, worst)

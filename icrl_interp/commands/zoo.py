@@ -2,7 +2,8 @@
 
 Writes DIR/zoo.json (`icrl_interp.zoo/1`: one row per model, the summary, the confusion matrix) and
 DIR/confusion.png; each model's row lands in DIR/rows/ as soon as it is judged, so a run stopped midway
-continues where it stopped when started again with the same options (docs/zoo.md).
+continues where it stopped when started again with the same options (docs/zoo.md). The full set also checks the
+intervals' calibration by simulation (zoo.json's `calibration`, DIR/calibration.json and DIR/calibration.png).
 
 `icrl-interp zoo calibrate --out DIR`: the verdict's parameter intervals checked by simulation on noisy teachers
 (zoo/calibration.py); writes DIR/calibration.json and DIR/calibration.png (docs/zoo.md, "Calibration").
@@ -20,7 +21,8 @@ class ZooOptions:
     """Which zoo, and where its results go."""
 
     out: str = field(metadata={"metavar": "DIR"})
-    """Directory of the results: zoo.json, confusion.png and rows/ (a new, empty or earlier zoo directory)."""
+    """Directory of the results: zoo.json, confusion.png and rows/ (the full set: calibration.json and .png too; a new,
+    empty or earlier zoo directory)."""
     set: str = field(default="default", metadata={"choices": ("default", "full", "episodes")})
     """Which entries: a few that run in about a minute (default), every one (full), or the episode zoo: teachers
     and decoys acting on the Ledge, judged by the behavioural fit (episodes; writes DIR/episode_zoo.json)."""
@@ -67,7 +69,7 @@ def _calibrate(args) -> int:
     from ..core.errors import UserError
     from ..core.files import write_json
     from ..core.outputs import output_dir
-    from ..report.calibration import write_figure
+    from ..report.calibration import coverage_text, write_figure
     from ..zoo.calibration import calibrate
 
     o = parsed(args, CalibrateOptions)
@@ -80,9 +82,7 @@ def _calibrate(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "calibration.json", result)
     write_figure(result, out / "calibration.png")
-    s = result["summary"]["overall"]
-    print(f"calibration: {s['covered']}/{s['checked']} intervals cover the truth ({s['coverage']:.1%}, Wilson 95% "
-          f"[{s['coverage_ci'][0]:.1%}, {s['coverage_ci'][1]:.1%}]) in {result['seconds']:.0f} s; wrote "
+    print(f"calibration: {coverage_text(result['summary']['overall'])} in {result['seconds']:.0f} s; wrote "
           f"{out / 'calibration.json'} and {out / 'calibration.png'}")
     return 0
 
@@ -104,6 +104,8 @@ def run(args) -> int:
         raise UserError(f"--zoo-seed must be a non-negative integer, got {o.zoo_seed}")
     if o.set == "episodes":
         return _episodes(o)
+    from ..report.calibration import write_figure as calibration_figure
+    from ..report.known_answers import calibration_text
     from ..report.zoo import write_figure  # matplotlib and the families' zoo: not needed by the episode zoo
     from ..zoo import registry
     from ..zoo import run as zoo_run
@@ -112,10 +114,14 @@ def run(args) -> int:
     out = Path(output_dir(o.out, "--out", owned=_owned, what="zoo directory"))
     result = zoo_run.run(out, o.set, o.zoo_seed, progress=o.progress)
     write_figure(result, out / "confusion.png")
+    wrote, cal = [out / "zoo.json", out / "confusion.png"], result.get("calibration")
+    if cal:  # the full set: the intervals' coverage by simulation, its figure beside the confusion matrix
+        wrote.append(calibration_figure(cal, out / "calibration.png"))
     s = result["summary"]
     print(f"zoo {o.set} (seed {o.zoo_seed}): {s['models']} models ({s['decoys']} decoys) in {result['seconds']:.0f} s; "
           f"non-decoys right {s['non_decoys_right']}/{s['non_decoys']}, decoys refused {s['decoys_refused']}/"
-          f"{s['decoys']}, clear wrong {s['clear_wrong']}; wrote {out / 'zoo.json'} and {out / 'confusion.png'}")
+          f"{s['decoys']}, clear wrong {s['clear_wrong']}{calibration_text(result)}; wrote "
+          f"{', '.join(map(str, wrote))}")
     return 0
 
 

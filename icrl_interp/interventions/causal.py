@@ -66,7 +66,7 @@ def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | 
                 test_fraction: float = 0.5, seed: int = 0, random_draws: int = 32, steer=DEFAULT_STEER,
                 bootstrap: int = 1000, batch_size: int = 256, baseline: str = "random-init",
                 baseline_seed: int | None = None, prompt_seed: int | None = None, split_seed: int | None = None,
-                direction_seed: int | None = None) -> dict:
+                direction_seed: int | None = None, crossfit: bool = False) -> dict:
     """Erase / steer the TD-error direction at `layer` and compare with random directions (docs/causal.md).
 
     `model`: one of the package's models or any torch module (with `roles` or a `probe` spec path whose
@@ -78,6 +78,9 @@ def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | 
     two; 'none' does not. Seeds: `prompt_seed` draws the tasks, `split_seed` splits them and draws the
     bootstrap resamples, `direction_seed` draws the random directions, `baseline_seed` the random-init copy;
     each one not given is `seed` (the command line gives each: --prompt-seed, --split-seed, ...).
+    `crossfit=True` (not the default; no flag): the selective test and the conclusion are cross-fitted over the
+    split and its swap (docs/causal.md, "Cross-fitting"): the directions are fitted on each part and measured on
+    the other, and the statistics pooled over all tasks (`selective.crossfit`); the other fields are the split's.
     Returns the `causal` section of the causal JSON (docs/formats.md#causal-json)."""
     if method not in METHODS:
         raise UserError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
@@ -100,7 +103,8 @@ def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | 
     setup = prepare(model, config, layer, direction=direction, **common)
     seeds = {"prompt_seed": prompt_seed, "split_seed": split_seed}
     G = random_directions(setup.width, draws, direction_seed, setup.site.layer)
-    measured = measure(setup, method, G, scales, split_seed, n_boot)
+    others = (prepare(model, config, layer, direction=direction, fold=1, **common),) if crossfit else ()
+    measured = measure(setup, method, G, scales, split_seed, n_boot, others=others)
     fam = registry.get(setup.family)
     section = {
         "model": {"class": type(model).__name__,
@@ -115,7 +119,7 @@ def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | 
     notes = part.pop("notes")
     section.update(part)
     section["conclusion"], section["conclusion_reason"], section["conclusion_detail"] = conclude(
-        setup, measured, test_fraction)
+        setup, measured, 1.0 if crossfit else test_fraction)
     section["notes"] = notes
     if baseline == "random-init":
         section["baseline"] = random_init_baseline(model, config, layer, setup, measured, method, direction, G,

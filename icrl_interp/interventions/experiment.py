@@ -201,11 +201,13 @@ def _construction_direction(model, site: Site, width: int) -> np.ndarray | None:
 
 def prepare(model, config, layer: int, *, hook: str | None = None, roles: dict | None = None,
             direction="probe", tasks: int = 256, test_fraction: float = 0.5, seed: int = 0,
-            split_seed: int | None = None, batch_size: int = 256) -> CausalSetup:
+            split_seed: int | None = None, batch_size: int = 256, fold: int = 0) -> CausalSetup:
     """Sample `tasks` tasks of `config` (a CheckpointConfig, checkpoint directory or family name) with the
     task sampler's seed `seed`, split them by task (`split_seed`, default `seed`), fit the TD direction at
     (layer, hook) on the training ones and run the held-out ones unedited. `direction`: 'probe' (ridge),
-    'construction' (`Hints.td_direction`; scores: the score itself) or an array in feature space."""
+    'construction' (`Hints.td_direction`; scores: the score itself) or an array in feature space. `fold` 1: the
+    split's two parts trade places (the held-out tasks train, the training tasks are held out), the second fold
+    of a two-fold cross-fit (`measure_selective`'s `others`)."""
     from ..models.construct import task_of
 
     config = task_of(config)
@@ -226,6 +228,13 @@ def prepare(model, config, layer: int, *, hook: str | None = None, roles: dict |
     perm = np.random.default_rng([split_seed, 0x5B1]).permutation(tasks)
     n_test = min(max(2, int(round(tasks * float(test_fraction)))), tasks - FOLDS)
     test, train = np.sort(perm[:n_test]), np.sort(perm[n_test:])
+    if fold not in (0, 1):
+        raise UserError(f"fold {fold!r}: expected 0 (the split) or 1 (its two parts swapped)")
+    if fold:
+        test, train = train, test
+        if train.size < FOLDS:
+            raise UserError(f"--tasks {tasks}: the swapped fold trains on {train.size} tasks, fewer than the "
+                            f"probe's {FOLDS} cross-validation folds")
     notes: list[str] = []
     out, X = runner.run(z, features=True)
     if out.shape[1] != width:
@@ -296,10 +305,12 @@ class Measured:
     """The selective test's JSON (`measure_selective`); None where the setup has no selective directions."""
 
 
-def measure(setup: CausalSetup, method: str, G: np.ndarray, scales, seed: int, n_boot: int) -> Measured:
+def measure(setup: CausalSetup, method: str, G: np.ndarray, scales, seed: int, n_boot: int,
+            others: tuple = ()) -> Measured:
     """Erase and steer the TD direction of `setup` and the random directions G [K, width] on its
     held-out tasks. The bootstrap resamples are a pure function of `seed`, so two models measured on the
-    same tasks share them."""
+    same tasks share them. `others`: further folds of the same model and tasks (`prepare(..., fold=1)`) whose
+    held-out tasks the selective test pools with this one's (`measure_selective`)."""
     rng = np.random.default_rng([int(seed), 0xB007])
     base, ve0 = setup.base, setup.value_error(setup.base)
 
@@ -351,23 +362,20 @@ def measure(setup: CausalSetup, method: str, G: np.ndarray, scales, seed: int, n
                   + [max(float(t.max(initial=0.0)), float(r.max(initial=0.0))) for t, r in steer])
     per_task = {"output": (td_abs, r_abs), "value_error": (td_ve, r_ve), "steer": steer}
     sel = None
-    if setup.selective is not None and setup.selective.selective is not None and setup.selective.input is not None:
+    if all(f.selective is not None and f.selective.selective is not None and f.selective.input is not None
+           for f in (setup, *others)):
         with eval_mode(setup.runner.model):
-            sel, arrays = measure_selective(setup, method, G, seed, n_boot, effect=lambda e: effect(e)[0])
+            sel, arrays = measure_selective(setup, method, G, seed, n_boot, effect=lambda e: effect(e)[0],
+                                            others=others)
         per_task["selective"] = arrays
         largest = max(largest, *(float(np.max(a, initial=0.0)) for a in arrays))
     return Measured(erasure, curve, per_task, largest, sel)
 
 
-def measure_selective(setup: CausalSetup, method: str, G: np.ndarray, seed: int, n_boot: int, effect=None):
-    """The selective test on the held-out tasks (docs/causal.md, "The selective test"): |Δ output| per task from
-    erasing (by `method`) the selective direction, the input-explained one and the random directions G bent to
-    the selective erasure's size (the input-explained erasure too: shrunk to that size, and in full); the paired
-    excess over random, the paired difference to the size-matched input-explained erasure and the probe's
-    selectivity, all on the same bootstrap resamples (a pure function of `seed`). `effect(edit)` -> |Δ output|
-    per held-out task (default: from `setup.output`). Returns (JSON, (selective [N], input [N], random [N, K]))."""
-    if effect is None:
-        effect = lambda e: np.linalg.norm(setup.output(e) - setup.base, axis=-1)  # noqa: E731
+def _selective_fold(setup: CausalSetup, method: str, G: np.ndarray, effect) -> dict:
+    """One fold's part of the selective test: |Δ output| per held-out task of the selective erasure, the
+    input-explained one (shrunk to the selective one's size, and in full) and the random directions G bent to that
+    size, with the variances they erase."""
     sel_edit, full_in = setup.erase(method, "selective"), setup.erase(method, "input")
     size, full_size = erased_variance(setup.cov_x, sel_edit), erased_variance(setup.cov_x, full_in)
     # the input-explained erasure shrunk (or stretched) to the selective one's size: x -> x - t c (b.x - m) removes
@@ -375,30 +383,62 @@ def measure_selective(setup: CausalSetup, method: str, G: np.ndarray, seed: int,
     shrink = float(np.sqrt(size / full_size)) if full_size > 0 else 1.0
     in_edit = Edit(c=shrink * np.asarray(full_in.c), b=full_in.b, m=full_in.m)
     rand_edits = [setup.erase_random(method, g, "selective") for g in G]
-    s, i, i_full = effect(sel_edit), effect(in_edit), effect(full_in)
-    r = np.stack([effect(e) for e in rand_edits], 1)
+    return {"s": effect(sel_edit), "i": effect(in_edit), "i_full": effect(full_in),
+            "r": np.stack([effect(e) for e in rand_edits], 1), "shrink": shrink,
+            "erased_variance": {"selective": size, "input_explained": erased_variance(setup.cov_x, in_edit),
+                                "input_explained_full": full_size,
+                                "random": float(np.mean([erased_variance(setup.cov_x, e) for e in rand_edits]))}}
+
+
+def measure_selective(setup: CausalSetup, method: str, G: np.ndarray, seed: int, n_boot: int, effect=None,
+                      others: tuple = ()):
+    """The selective test on the held-out tasks (docs/causal.md, "The selective test"): |Δ output| per task from
+    erasing (by `method`) the selective direction, the input-explained one and the random directions G bent to
+    the selective erasure's size (the input-explained erasure too: shrunk to that size, and in full); the paired
+    excess over random, the paired difference to the size-matched input-explained erasure and the probe's
+    selectivity, all on the same bootstrap resamples (a pure function of `seed`). `effect(edit)` -> |Δ output|
+    per held-out task (default: from `setup.output`). `others`: further folds (`prepare(..., fold=1)`: the same
+    tasks with the split swapped), each measured on its own held-out tasks with its own fitted directions; every
+    per-task statistic is pooled over the folds' held-out tasks and resampled over all of them (cross-fitting: every
+    task is measured with directions fitted without it, and all of them are measured; the resamples still do not
+    refit the directions), and `crossfit` says per fold what was fitted. The JSON's other fields are `setup`'s. Returns (JSON, (selective [N], input [N],
+    random [N, K])) over the pooled held-out tasks."""
+    if effect is None:
+        effect = lambda e: np.linalg.norm(setup.output(e) - setup.base, axis=-1)  # noqa: E731
+    folds = [(setup, _selective_fold(setup, method, G, effect))]
+    folds += [(f, _selective_fold(f, method, G, lambda e, f=f: np.linalg.norm(f.output(e) - f.base, axis=-1)))
+              for f in others]
+    s, i, i_full, r = (np.concatenate([part[k] for _, part in folds]) for k in ("s", "i", "i_full", "r"))
+    sums = np.concatenate([f.selective.sums for f, _ in folds])
     N = s.size
     idx = np.random.default_rng([int(seed), 0x5E1EC7]).integers(0, N, size=(n_boot, N))
     boot = lambda a: {"mean": float(a.mean()), "ci": interval(a[idx].mean(1))}  # noqa: E731
     ex, vs_in = excess(s, r), s - i
+    first = folds[0][1]
+    cosine = lambda a, b: float(a.selective.selective.u @ b)  # noqa: E731
     out = {**setup.selective.probe,
-           "selectivity": selective.selectivity(setup.selective, idx),
+           "selectivity": selective.selectivity(sums, idx),
            "erasure": {"selective": boot(s), "input_explained": boot(i), "input_explained_full": boot(i_full),
-                       "input_explained_shrink": shrink, "random": boot(r.mean(1)),
+                       "input_explained_shrink": first["shrink"], "random": boot(r.mean(1)),
                        "excess_over_random": boot(ex), "minus_input_explained": boot(vs_in),
-                       "erased_variance": {"selective": size, "input_explained": erased_variance(setup.cov_x, in_edit),
-                                           "input_explained_full": full_size,
-                                           "random": float(np.mean([erased_variance(setup.cov_x, e)
-                                                                    for e in rand_edits]))},
-                       "cosine_selective_input": float(setup.selective.selective.u @ setup.selective.input.u),
-                       "cosine_selective_td": float(setup.selective.selective.u @ setup.direction)}}
+                       "erased_variance": first["erased_variance"],
+                       "cosine_selective_input": cosine(setup, setup.selective.input.u),
+                       "cosine_selective_td": cosine(setup, setup.direction)}}
+    if others:
+        out["crossfit"] = {"folds": len(folds), "held_out_tasks": N,
+                           "per_fold": [{"held_out_tasks": int(f.test_index.size),
+                                         "r2_test": f.selective.probe["r2_test"],
+                                         "cosine_selective_input": cosine(f, f.selective.input.u),
+                                         "cosine_selective_first_fold": cosine(f, setup.selective.selective.u),
+                                         "erased_variance": part["erased_variance"]} for f, part in folds]}
     return out, (s, i, r)
 
 
 def conclude(setup: CausalSetup, m: Measured, test_fraction: float) -> tuple[str, str, dict]:
     """`causal.conclusion` of one model: (answer, reason, detail) by `conclusion.decide` (docs/causal.md, "The
-    conclusion")."""
-    n_test = int(setup.test_index.size)
+    conclusion"). Cross-fitted (`measure_selective`'s `others`), every task is held out once: the held-out count
+    is the pooled one and `test_fraction` should be 1."""
+    n_test = int(((m.selective or {}).get("crossfit") or {}).get("held_out_tasks", setup.test_index.size))
     note = None
     if m.largest <= 0.0:
         note = ("inconclusive: no edit at this site changes the output (" + (reach_note(setup, 0.0) or "") + ")")

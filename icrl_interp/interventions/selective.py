@@ -119,7 +119,9 @@ def selectivity_of(sums: np.ndarray):
     return model - np.maximum(inp, 0.0)
 
 
-def selectivity(sel: Selective, idx: np.ndarray) -> dict:
-    """{'mean', 'ci'}: the selectivity on all held-out tasks and its 95% bootstrap interval (resamples idx
-    [B, N_test] of the held-out tasks, shared with the effects so the criteria are read on the same resamples)."""
-    return {"mean": num(selectivity_of(sel.sums.sum(0))), "ci": interval(selectivity_of(sel.sums[idx].sum(1)))}
+def selectivity(sums: np.ndarray, idx: np.ndarray) -> dict:
+    """{'mean', 'ci'}: the selectivity on all held-out tasks and its 95% bootstrap interval, from their per-task
+    sums [N_test, 5] (`Selective.sums`; several folds' concatenated when cross-fitted) and the resamples idx
+    [B, N_test] of the held-out tasks, shared with the effects so the criteria are read on the same resamples."""
+    sums = np.asarray(sums, dtype=np.float64)
+    return {"mean": num(selectivity_of(sums.sum(0))), "ci": interval(selectivity_of(sums[idx].sum(1)))}

@@ -37,6 +37,7 @@ from ..core.errors import UserError
 from ..core.files import fsync_dir, json_clean
 from .integrity import (HDF5_ERRORS, INTEGRITY, WRITE_FLAGS, check_sealed, check_whole, clear_write_flags,
                         integrity_digest, open_checked, reason, seal)
+from .writeback import WriteBehind
 
 SCHEMA = "icrl_interp.recording/2"
 """Schema written by `RecordingWriter`."""
@@ -47,8 +48,9 @@ LEGACY_NO_FAMILY = ("", "generic")
 """Schema-1 `family` values that named no family (a model of no known family, prompts of no task)."""
 CHUNK_MIN, CHUNK_MAX = 10 * 1024, 1024 * 1024
 SYNC_BYTES = 32 * 2**20
-"""The writer fdatasyncs the file after every SYNC_BYTES of batches: the disk then writes while the next
-forward passes run (the recorder writes from a thread, `background`), not all at the final fsync."""
+"""The writer starts the file's writeback after every SYNC_BYTES of batches (`writeback.WriteBehind`): the disk
+then writes while the next forward passes run (the recorder writes from a thread, `background`), not all
+at the final fsync."""
 BF16 = "bfloat16"
 SHARDS = "shards"
 """Root attribute of a master file: JSON list of its shard files (docs/formats.md, "Sharded recordings")."""
@@ -134,7 +136,8 @@ class RecordingWriter:
         self._f: h5py.File | None = None
         self.n_done = 0
         self._unsynced = 0
-        """Bytes of batches written since the last fdatasync (`SYNC_BYTES`)."""
+        """Bytes of batches written since the writeback was last started (`SYNC_BYTES`)."""
+        self._behind: WriteBehind | None = None
         if self.path.exists() and not resume:
             raise UserError(f"{self.path} exists; remove it or choose another --out")
         if resume:
@@ -277,8 +280,10 @@ class RecordingWriter:
         self._f.flush()
         self._appear()
         self._unsynced += sum(a.nbytes for a in batches.values())
-        if self._unsynced >= SYNC_BYTES:
-            os.fdatasync(self._f.id.get_vfd_handle())  # the page cache to the disk while the forward runs
+        if self._unsynced >= SYNC_BYTES:  # the page cache to the disk while the forward runs
+            if self._behind is None:
+                self._behind = WriteBehind(self._f.id.get_vfd_handle())
+            self._behind()
             self._unsynced = 0
 
     def _appear(self) -> None:

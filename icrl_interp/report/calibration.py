@@ -49,6 +49,13 @@ def figure(cal: dict) -> Figure:
     return fig
 
 
+def coverage_text(pooled: dict) -> str:
+    """'C/N intervals cover the truth (x%, Wilson 95% [lo%, hi%])' of a pooled coverage (`summary.overall`)."""
+    lo, hi = pooled["coverage_ci"]
+    return (f"{pooled['covered']}/{pooled['checked']} intervals cover the truth ({pooled['coverage']:.1%}, Wilson 95% "
+            f"[{lo:.1%}, {hi:.1%}])")
+
+
 def write_figure(cal: dict, path) -> Path:
     """The calibration figure as a PNG, written atomically (marked as the package's)."""
     return save(figure(cal), path)

@@ -116,7 +116,8 @@ def html_section(zoos: list[tuple[Path, dict]]) -> str:
             f"<td>{counts[(t, v)] or ''}</td>" for v in verdicts) + "</tr>" for t in truths)
         out.append(f"<h3>{escape(str(path))}</h3>")
         out.append(f"<table class='confusion'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
-        out.append('<p class="caption">' + escape(", ".join(f"{k}: {v}" for k, v in totals.items())) +
+        out.append('<p class="caption">' + escape(", ".join(f"{k}: {v}" for k, v in totals.items()) +
+                                                   calibration_text(doc)) +
                    ". Each cell counts the zoo's models of that true algorithm given that verdict; a good verdict puts "
                    "every model on the diagonal, every decoy under \"none fits\" or \"reward regression\", and makes no "
                    "clear wrong verdict.</p>")
@@ -126,4 +127,17 @@ def html_section(zoos: list[tuple[Path, dict]]) -> str:
 def text(zoos: list[tuple[Path, dict]]) -> str:
     """The zoos' totals for the terminal ('' without zoos)."""
     return "\n".join(f"known answers ({path}): " + ", ".join(f"{k} {v}" for k, v in confusion(doc)[3].items())
-                     for path, doc in zoos)
+                     + calibration_text(doc) for path, doc in zoos)
+
+
+def calibration_text(doc: dict) -> str:
+    """'; interval coverage by simulation (...): C/N intervals cover the truth (x%, Wilson 95% [lo%, hi%])' of a
+    zoo whose run checked its intervals' calibration (the full set's `calibration` block), else ''."""
+    from .calibration import coverage_text
+
+    cal = doc.get("calibration")
+    try:
+        return (f"; interval coverage by simulation ({int(cal['settings']['replicates'])} replicates per cell): "
+                + coverage_text(cal["summary"]["overall"]))
+    except (KeyError, TypeError, ValueError):  # no block (the default set, an older zoo), or a malformed one
+        return ""

@@ -33,9 +33,15 @@ def figure(zoo: dict) -> Figure:
     def pct(x):
         return "n/a" if x is None else f"{100 * x:.0f}%"
 
+    cal, ci = s.get("calibration_coverage"), s.get("calibration_coverage_ci")
+    # by simulation where the run has a calibration; else the rows' own, named as what it is (mostly noise-free
+    # teachers whose refits agree: not a calibration; `interval_coverage` in a zoo.json written before the rename)
+    coverage = (f"interval coverage by simulation {100 * cal:.1f}% [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+                if cal is not None and ci else "noise-free interval coverage "
+                + pct(s.get("interval_coverage_noise_free", s.get("interval_coverage"))))
     ax.set_title(f"zoo '{zoo['set']}' (seed {zoo['zoo_seed']}): {s['models']} models; non-decoys right "
                  f"{pct(s['accuracy_non_decoys'])}, decoys refused {s['decoys_refused']}/{s['decoys']}, "
-                 f"clear wrong {s['clear_wrong']}, interval coverage {pct(s['interval_coverage'])}", fontsize=8)
+                 f"clear wrong {s['clear_wrong']},\n{coverage}", fontsize=8)
     fig.tight_layout()
     return fig
 

@@ -24,7 +24,7 @@ import numpy as np
 from .._version import __version__
 from ..core.errors import UserError
 from ..verdicts.behaviour import FIT_RESAMPLES
-from .run import params_inside
+from .common import one_thread, params_inside
 
 SCHEMA = "icrl_interp.zoo_calibration/1"
 TEACHERS = ({"algorithm": "td0", "alpha": 0.5, "gamma": 0.9, "steps": 2},
@@ -118,8 +118,6 @@ def calibrate(replicates: int | None = None, noises=None, teachers=None, seed: i
     coverage by its 95 % interval over `replicates` replicates (fresh tasks and noise each), with Wilson intervals;
     plus the pooled coverage per noise level and per parameter. `noises`, `teachers`: default `NOISES`, `TEACHERS`."""
     from tqdm import tqdm
-
-    from .run import one_thread
 
     s = {**SETTINGS, **(settings or {})}
     if replicates is not None:

@@ -21,7 +21,7 @@ from .._version import __version__
 from ..core.errors import UserError
 from .calibration import WRONG as FAMILY_WRONG
 from .calibration import cell, wilson
-from .run import params_inside
+from .common import params_inside
 
 SCHEMA = "icrl_interp.episode_calibration/1"
 ENTRIES = ("q_learning_a0.5", "sarsa_bandit_a0.3")

@@ -6,7 +6,9 @@ and, where the entry names a layer, `interventions.causal.causal_test` there. Th
 the verdict's and the causal test's own documented defaults (`THRESHOLDS`, read from their signatures and
 frozen in the JSON before anything is scored); nothing here tunes them. Each finished entry is written to
 DIR/rows/NAME.json at once, so an interrupted run resumes where it stopped (a row is reused only when its
-entry, settings and code version are those of the run); DIR/zoo.json is written last, atomically.
+entry, settings and code version are those of the run); DIR/zoo.json is written last, atomically. Where the
+set's settings ask for it (`full`), the intervals' calibration by simulation (zoo/calibration.py) runs after the
+rows, is stored in DIR/calibration.json (resumed the same way) and decides the interval-coverage target.
 
 The JSON keys of the verdict and the causal section are read with `.get`, so rows from older and newer
 versions of either read the same: the verdict's label (`verdict.label`; before it existed: the best
@@ -21,7 +23,6 @@ import inspect
 import json
 import math
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -30,17 +31,24 @@ from .._version import __version__
 from ..core.errors import UserError
 from ..core.files import write_json
 from . import registry as R
+from .common import one_thread, params_inside
 
 SCHEMA = "icrl_interp.zoo/1"
 SETTINGS = {
-    "default": {"tasks": 160, "bootstrap": 200, "causal_tasks": 96, "random_draws": 8, "max_step": 8},
-    "full": {"tasks": 256, "bootstrap": 300, "causal_tasks": 128, "random_draws": 16, "max_step": 8},
+    "default": {"tasks": 160, "bootstrap": 200, "causal_tasks": 96, "random_draws": 8, "max_step": 8,
+                "calibration_replicates": 0},
+    "full": {"tasks": 256, "bootstrap": 300, "causal_tasks": 256, "random_draws": 16, "max_step": 8,
+             "calibration_replicates": 100},
 }
 """Sizes per set: tasks recorded for the verdict, bootstrap resamples, tasks and random directions of the causal
-test, the verdict's largest step k (8: the deepest teacher runs 2 layers x 4 steps)."""
-PARAM_NAMES = {"alpha": ("alpha",), "gamma": ("gamma", "gamma_prime", "discount"), "lambda": ("lambda", "lam"),
-               "beta": ("beta",), "steps_per_layer": ("steps_per_layer",)}
-"""A true parameter -> the names the verdict's `params` may report it under."""
+test, the verdict's largest step k (8: the deepest teacher runs 2 layers x 4 steps), and the replicates per
+(teacher, noise) of the interval calibration run with the zoo (`calibration_block`; 0: none, so the default set
+stays fast; 100 x 4 cells cost about 300 CPU s). An optional `calibration_tasks` sets the tasks per replicate
+(tests; else `calibration.SETTINGS`)."""
+CALIBRATION_FILE = "calibration.json"
+CALIBRATION_KEYS = ("schema", "seed", "settings", "noises", "target", "interval", "cells", "summary", "seconds",
+                    "cpu_seconds", "fingerprint")
+"""What zoo.json's `calibration` block keeps of DIR/calibration.json (all but the versions, which zoo.json has)."""
 
 
 def thresholds() -> dict:
@@ -87,23 +95,6 @@ def conclusion_of(section: dict | None) -> tuple[str | None, str | None]:
     return None, "no conclusion in the causal section"
 
 
-def params_inside(truth: dict, reported) -> dict:
-    """Per true parameter that the verdict reports with an interval: {value, ci, inside}."""
-    out = {}
-    if not isinstance(reported, dict):
-        return out
-    for key, value in truth.items():
-        for name in PARAM_NAMES.get(key, (key,)):
-            r = reported.get(name)
-            ci = r.get("ci") if isinstance(r, dict) else None
-            if isinstance(ci, (list, tuple)) and len(ci) == 2 and None not in ci:
-                tol = 1e-9 * max(1.0, abs(value))  # a grid value printed and parsed back
-                inside = bool(ci[0] - tol <= value <= ci[1] + tol)
-                out[key] = {"value": r.get("value"), "ci": list(ci), "inside": inside}
-                break
-    return out
-
-
 def probe_of(verdict: dict, layer, algorithm: str) -> dict | None:
     """The representation evidence at `layer` (default: the last): the selectivity of the true algorithm's
     most selective quantity, and of the top candidate."""
@@ -136,26 +127,6 @@ def score(truth: R.Truth, label: str, clear: bool, inside: dict, conclusion: str
 
 
 # ------------------------------------------------------------------ one entry
-@contextmanager
-def one_thread():
-    """torch's intra-op pool and every BLAS / OpenMP pool at one thread (`ICRL_INTERP_THREADS` where set) inside the
-    block, restored after. The zoo's models and candidate fits are many small operations: on the shared 2-core
-    machine a teacher's forward pass of 128 prompts took 0.33 s of CPU with two torch threads, 0.013 s with one."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    from ..core import threads
-
-    n = threads.override() or 1
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        with threadpool_limits(n):
-            yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def judge(entry: R.Entry, settings: dict, progress: bool = False) -> dict:
     """The row of one entry: its truth, the verdict, the causal conclusion at its layer, the score."""
     with one_thread():
@@ -202,8 +173,11 @@ def _judge(entry: R.Entry, settings: dict, progress: bool) -> dict:
 
 
 # ------------------------------------------------------------------ the whole zoo
-def summarize(rows: list[dict]) -> dict:
-    """The headline numbers over the rows (docs/zoo.md, "Reading zoo.json")."""
+def summarize(rows: list[dict], calibration: dict | None = None) -> dict:
+    """The headline numbers over the rows (docs/zoo.md, "Reading zoo.json"). The interval-coverage target is read
+    from `calibration` (the run's `calibration_block`: noisy teachers, coverage by simulation), None without one:
+    the rows' own coverage (`interval_coverage_noise_free`) is mostly of noise-free exact teachers whose refits all
+    agree (100 % whether or not the intervals are calibrated), so it decides nothing."""
     non = [r for r in rows if not r["truth"]["decoy"]]
     dec = [r for r in rows if r["truth"]["decoy"]]
     pairs = [p for r in rows for p in r["params_vs_truth"].values()]
@@ -231,10 +205,13 @@ def summarize(rows: list[dict]) -> dict:
         "causal_decoys_yes": sum(r["causal"]["conclusion"] == "yes" for r in dec_causal),
         "causal_decoys_tested": len(dec_causal),
         "params_checked": len(pairs),
-        "interval_coverage": rate(sum(p["inside"] for p in pairs), len(pairs)),
+        "interval_coverage_noise_free": rate(sum(p["inside"] for p in pairs), len(pairs)),
         "failures": [r["name"] for r in rows if not r["score"]["right"] or r["score"]["clear_wrong"]],
     }
-    acc, cov, yes = out["accuracy_non_decoys"], out["interval_coverage"], out["causal_yes_rate_trained_targets"]
+    pooled = ((calibration or {}).get("summary") or {}).get("overall") or {}
+    out.update({"calibration_coverage": pooled.get("coverage"), "calibration_coverage_ci": pooled.get("coverage_ci"),
+                "calibration_covered": pooled.get("covered"), "calibration_checked": pooled.get("checked")})
+    acc, cov, yes = out["accuracy_non_decoys"], out["calibration_coverage"], out["causal_yes_rate_trained_targets"]
     out["targets"] = {
         "non_decoys_right_ge_0.9": None if acc is None else acc >= 0.9,
         "every_decoy_refused": out["decoys_refused"] == len(dec),
@@ -257,10 +234,39 @@ def confusion(rows: list[dict]) -> dict:
 
 
 def fingerprint(entry: R.Entry, settings: dict) -> str:
-    """What a stored row must match to be reused on resume: the entry, the settings and the code version."""
-    key = {"entry": [entry.name, entry.kind, entry.family, entry.task_options, entry.seed, entry.truth.algorithm,
-                     entry.truth.params, entry.truth.target_layer], "settings": settings, "version": __version__}
+    """What a stored row must match to be reused on resume: the entry, the settings and the code version. The
+    calibration's settings are left out: they do not change a row (and rows stored before they existed stay valid)."""
+    own = {k: v for k, v in settings.items() if not k.startswith("calibration")}
+    return _digest({"entry": [entry.name, entry.kind, entry.family, entry.task_options, entry.seed,
+                              entry.truth.algorithm, entry.truth.params, entry.truth.target_layer],
+                    "settings": own, "version": __version__})
+
+
+def _digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def calibration_block(out: Path, settings: dict, zoo_seed: int, progress: bool = False) -> dict | None:
+    """The interval calibration by simulation (`zoo.calibration.calibrate`, docs/zoo.md "Calibration") at the
+    settings' `calibration_replicates` per (teacher, noise), seeded with the zoo seed (a fresh zoo gets fresh
+    replicates); None when the settings ask for none. Stored in `out`/calibration.json with a fingerprint (the
+    calibration's settings, teachers and noise levels, the seed, the code version) and reused on resume when the
+    fingerprint matches; a stale or unreadable one is recomputed."""
+    from . import calibration as K
+
+    replicates = int(settings.get("calibration_replicates") or 0)
+    if replicates < 1:
+        return None
+    tasks = settings.get("calibration_tasks")
+    effective = {**K.SETTINGS, "replicates": replicates, **({} if tasks is None else {"tasks": int(tasks)})}
+    key = _digest({"settings": effective, "teachers": K.TEACHERS, "noises": K.NOISES, "seed": int(zoo_seed),
+                   "version": __version__})
+    path = out / CALIBRATION_FILE
+    cal = stored_row(path, key)
+    if cal is None or not isinstance(cal.get("summary"), dict) or not isinstance(cal.get("cells"), list):
+        cal = {**K.calibrate(replicates, seed=zoo_seed, tasks=tasks, progress=progress), "fingerprint": key}
+        write_json(path, cal)
+    return {k: cal[k] for k in CALIBRATION_KEYS if k in cal}
 
 
 def run(out, set_name: str = "default", zoo_seed: int = 0, progress: bool = True, only=None,
@@ -290,10 +296,12 @@ def run(out, set_name: str = "default", zoo_seed: int = 0, progress: bool = True
             row = {**judge(entry, settings), "fingerprint": key}
             write_json(path, row)
         rows.append(row)
+    calibration = calibration_block(out, settings, zoo_seed, progress)  # its own resume: DIR/calibration.json
     result = {
         "schema": SCHEMA, "versions": {"icrl_interp": __version__, "numpy": np.__version__},
         "set": set_name, "zoo_seed": int(zoo_seed), "settings": settings, "thresholds": frozen,
-        "providers": [m for m in R.PROVIDERS], "rows": rows, "summary": summarize(rows), "confusion": confusion(rows),
+        "providers": [m for m in R.PROVIDERS], "rows": rows, "summary": summarize(rows, calibration),
+        "confusion": confusion(rows), "calibration": calibration,
         "seconds": round(time.perf_counter() - started, 1),
         "row_seconds": round(sum(r["seconds"] for r in rows), 1),  # wall time of the judging, resumed rows included
         "row_cpu_seconds": round(sum(r.get("cpu_seconds", math.nan) for r in rows), 1),  # NaN: an older row lacks it
@@ -303,7 +311,8 @@ def run(out, set_name: str = "default", zoo_seed: int = 0, progress: bool = True
 
 
 def stored_row(path: Path, key: str) -> dict | None:
-    """The row stored at `path` when its fingerprint is `key` (a resumed run reuses it), else None."""
+    """The row (or calibration) stored at `path` when its fingerprint is `key` (a resumed run reuses it), else
+    None: also when the file is missing or unreadable."""
     try:
         row = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -117,17 +117,29 @@ def test_chunked_reading_with_read_ahead_returns_the_file_contents(tmp_path, mon
         ahead.close()
         seen = 0
         trims = []
-        monkeypatch.setattr(heap, "release_free_memory", lambda: trims.append(seen))
+        slack = []
+
+        class Policy:  # the heap's trimming policy, consulted once after each chunk (`heap.OnGrowth`)
+            def __init__(self, nbytes):
+                slack.append(nbytes)
+
+            def __call__(self):
+                trims.append(seen)
+
+        monkeypatch.setattr(heap, "OnGrowth", Policy)
+        monkeypatch.setattr(inputs, "TRIM_SLACK", 0.25)  # the optional policy; the default trims every chunk
         for start, stop, data in inputs.iter_chunks(rec, paths, rows=16):
             assert stop - start == min(16, 70 - start)
             assert len(_readers()) == (cores > 1)
-            assert len(trims) == start // 16  # the heap is trimmed once after each chunk
+            assert len(trims) == start // 16  # asked once after each chunk, when the caller is done with it
             # exact: both read the same stored numbers
             np.testing.assert_array_equal(data[paths[0]], rec.read("blocks.0.attn.hook_pattern", start, stop))
             assert data[paths[0]].dtype == np.float32  # bfloat16 decoded
             np.testing.assert_array_equal(data["prompts/z"], rec.array("prompts/z", start, stop))
             seen += stop - start
         assert seen == 70 and len(trims) == 5
+        # its slack: TRIM_SLACK of one chunk's arrays as read (exact: byte counts)
+        assert slack == [int(inputs.TRIM_SLACK * 16 * sum(rec.f[x][:1].nbytes for x in paths))]
         assert not _readers()
     assert inputs.chunk_rows(10, 35, 100) == 2 and inputs.chunk_rows(1, 2**20, 7) == 8
 
@@ -162,3 +174,34 @@ def test_heap_release_runs_where_the_c_library_has_malloc_trim():
     glibc = platform.libc_ver()[0] == "glibc"
     assert heap.release_free_memory() is glibc  # glibc (Linux, CI): trimmed; elsewhere a no-op that says so
     assert heap.release_free_memory() is glibc
+
+
+def test_by_default_the_heap_is_trimmed_whenever_its_free_bytes_grew(tmp_path, monkeypatch):
+    """The live RSS and speed targets (docs/benchmarks.md) chose the default: the growth policy with no slack."""
+    from icrl_interp.recording.format import Recording
+
+    assert inputs.TRIM_SLACK == 0.0  # exact: the documented default
+    made, asked = [], []
+
+    def policy(nbytes):
+        made.append(nbytes)
+        return lambda: asked.append(1)
+
+    monkeypatch.setattr(heap, "OnGrowth", policy)
+    p = D.write_recording(tmp_path / "r.h5", "linear-td", n_prompts=40, batch=20)
+    with Recording(p) as rec:
+        chunks = sum(1 for _ in inputs.iter_chunks(rec, ["prompts/z"], rows=10))
+    assert chunks == 4 and made == [0] and len(asked) == 4
+
+
+def test_trim_slack_none_trims_after_every_chunk(tmp_path, monkeypatch):
+    from icrl_interp.recording.format import Recording
+
+    trims = []
+    monkeypatch.setattr(inputs, "TRIM_SLACK", None)
+    monkeypatch.setattr(heap, "release_free_memory", lambda: trims.append(1) or True)
+    monkeypatch.setattr(heap, "OnGrowth", lambda nbytes: pytest.fail("None trims every chunk"))
+    p = D.write_recording(tmp_path / "r.h5", "linear-td", n_prompts=40, batch=20)
+    with Recording(p) as rec:
+        chunks = sum(1 for _ in inputs.iter_chunks(rec, ["prompts/z"], rows=10))
+    assert chunks == 4 and len(trims) == 4

@@ -184,3 +184,52 @@ def test_chunk_kernel_reuses_state_columns_when_features_identify_states(rng):
     q = np.arange(pos)
     got = K.chunk_kernel(pat, q, cc)
     np.testing.assert_allclose(got["same_mass"], K.same_feature_mass(pat, ids, ids), atol=1e-12)
+
+
+def test_same_partition_needs_the_map_both_ways(rng):
+    """`same_partition` against its O(pos^2) definition; each direction alone is not enough."""
+    a = np.array([[0, 1, 1, 2]])
+    assert K.same_partition(a, np.array([[5, 3, 3, 0]]))  # relabelled: the same partition
+    assert not K.same_partition(a, np.array([[0, 1, 1, 1]]))  # a -> b is a map, b -> a is not (2 and 1 merged)
+    assert not K.same_partition(a, np.array([[0, 1, 2, 3]]))  # b -> a is a map, a -> b is not (1 split)
+    for _ in range(20):
+        x = rng.integers(0, 4, size=(6, 9))
+        y = rng.permutation(4)[x] if rng.random() < 0.5 else rng.integers(0, 4, size=(6, 9))
+        want = np.array_equal(x[:, :, None] == x[:, None, :], y[:, :, None] == y[:, None, :])
+        assert K.same_partition(x, y) == want
+
+
+def test_chunk_columns_with_unlabelled_states_and_features(rng):
+    """The indicator columns, built in place: state one-hot (zero row for state -1), the constant, the codes."""
+    states = np.array([[0, 2, -1, 2], [1, 1, 0, -1]])
+    codes = np.array([[0, 1, 1, 2], [0, 0, 1, 1]])
+    cc = K.ChunkColumns.build(states, 3, codes)
+    assert not cc.codes_are_states and cc.cols.dtype == np.float32
+    want = np.concatenate([K.onehot(states, 3), np.ones(states.shape + (1,)), np.eye(3)[codes]], axis=-1)
+    np.testing.assert_array_equal(cc.cols, want)  # exact: 0s and 1s
+    free = K.ChunkColumns.build(np.full((2, 4), -1), 0, codes)  # no labels: the constant and the codes only
+    np.testing.assert_array_equal(free.cols, np.concatenate([np.ones((2, 4, 1)), np.eye(3)[codes]], axis=-1))
+
+
+def test_population_kernel_layers_with_equal_score_blocks_share_one_accumulation(rng):
+    """Layers 1 and 3 share a score block, layer 2 has its own, layer 0 none: three layers reported, each equal
+    to its own one-layer accumulation (bit for bit: the same arithmetic), two kernels computed per chunk."""
+    from icrl_interp.tasks.layouts import build_layout
+
+    S, f = 4, 3
+    layout = build_layout("softmax-td", [("x", f)], "x")
+    A, A1 = rng.normal(size=(f, f)), rng.normal(size=(f, f))
+    params = {"blocks.1.attn.A": A, "blocks.2.attn.A": A1, "blocks.3.attn.A": A.copy()}
+    pk = K.PopulationKernel(params, layout, 4, 0.5, S)
+    assert len(pk.kernels) == 2
+    phi, mu = rng.normal(size=(10, S, f)), rng.dirichlet(np.ones(S), size=10)
+    pk.add(phi[:6], mu[:6])
+    pk.add(phi[6:], mu[6:])
+    rows = pk.result("t")
+    assert [r["layer"] for r in rows] == [1, 2, 3]
+    for r, B in zip(rows, (A, A1, A)):
+        one = K.DiagonalityAccumulator(0.5, S)
+        one.update(K.population_kernel(B, phi[:6], mu[:6]))
+        one.update(K.population_kernel(B, phi[6:], mu[6:]))
+        assert {k: v for k, v in r.items() if k not in ("layer", "tasks")} == one.result(with_matrix=False)
+    assert rows[0]["min"] != rows[1]["min"]

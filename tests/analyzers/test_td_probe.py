@@ -201,3 +201,21 @@ def test_constant_features_give_a_mean_probe_not_an_error():
     np.testing.assert_allclose(coef, 0.0, atol=1e-12)
     assert b == pytest.approx(y.mean())
     assert st.r2(coef, b) == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (4, 2, 3, 5)])
+def test_max_baseline_is_the_largest_baseline_ignoring_nan(rng, shape):
+    """Along axis -2 (the baselines), the largest R^2 that is not NaN; NaN where every baseline is NaN (a probe
+    with none). Exact: a maximum of the same numbers. Mutants: the smallest, NaN propagated (np.maximum), the
+    wrong axis, -inf left where all are NaN."""
+    base = rng.standard_normal(shape)
+    flat = base.reshape(-1, shape[-2], shape[-1])  # a view: [..., baselines, targets]
+    flat[:, 0, 1] = np.nan  # one baseline missing
+    flat[:, :, 2] = np.nan  # all missing
+    flat[0, 1:, 3] = np.nan  # only the first left
+    got = T.max_baseline(base).reshape(-1, shape[-1])
+    for i, block in enumerate(flat):
+        for t in range(shape[-1]):
+            vals = block[:, t][~np.isnan(block[:, t])]
+            want = vals.max() if vals.size else np.nan
+            np.testing.assert_array_equal(got[i, t], want)  # exact: the same numbers' maximum

@@ -45,7 +45,8 @@ def _products(fn, X, Y, fold, keep, x0):
     order, bounds = T.fold_grouping(fold, keep, K)
     cols = X.shape[1]
     rows = order[: bounds[-1]]
-    return fn(X, rows, x0, Y[rows].reshape(-1, Y.shape[-1]), bounds * cols)
+    XX, XY, sx = fn([X], rows, x0[None], Y[rows].reshape(-1, Y.shape[-1]), bounds * cols)
+    return XX[0], XY[0], sx[0]
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -116,3 +117,60 @@ def test_on_device_picks_the_torch_path_off_the_cpu():
         acc = T.ProbeAccumulator(2, 1)
         assert isinstance(acc.products, T.TorchProducts) and acc.products.device.type == "cuda"
     assert T.ProbeAccumulator(2, 1).products is T.numpy_products  # restored after the block
+
+
+@pytest.mark.parametrize("F", [1, 5])
+def test_sets_stacked_in_one_call_give_each_set_its_own_products(rng, F):
+    """`numpy_products` of several feature sets at once (a chunk's probes of one shape: `update_together`) gives
+    every set, bit for bit, the products it gives alone, whatever it is stacked with; so which probes share a
+    call (the random-init baselines join the input baseline's call) never changes a result. Exact by
+    construction: each set's block is contiguous as if alone, a batched matmul is one BLAS call per set on that
+    block, and the sums add in the order numpy sums one block (row by row; a single column pairwise).
+
+    Mutants: one set's shift x0 used for all, the sets' sums or products swapped or taken over another axis, a
+    lone feature's sums added row by row (einsum's order) instead of numpy's pairwise sum of a column."""
+    chunks = [_chunk(rng, B=300, F=F, dtype=dt) for dt in (np.float32, np.float64, np.float32)]  # ~300 rows a fold
+    fold, keep = chunks[0][2], chunks[0][3]
+    Xs = [c[0] * (1.0 + i) + i for i, c in enumerate(chunks)]  # sets of other scales and means
+    x0 = np.stack([X.reshape(-1, F).mean(0) for X in Xs])
+    order, bounds = T.fold_grouping(fold, keep, K)
+    rows, cols = order[: bounds[-1]], Xs[0].shape[1]
+    Y = chunks[0][1][rows].reshape(-1, chunks[0][1].shape[-1])
+    together = T.numpy_products(Xs, rows, x0, Y, bounds * cols)
+    for p, X in enumerate(Xs):
+        alone = T.numpy_products([X], rows, x0[p : p + 1], Y, bounds * cols)
+        for got, want in zip(together, alone):
+            np.testing.assert_array_equal(got[p], want[0])  # exact by construction (docstring)
+    # set 1 (float64: sums of float32 samples are exact in float64 in any order here) alone, fold-sorted
+    Xz = np.subtract(Xs[1][rows].reshape(-1, F), x0[1], dtype=np.float64)
+    for f, (lo, hi) in enumerate(zip(bounds[:-1] * cols, bounds[1:] * cols)):
+        # exact by construction: numpy's sum of the same block, the order the previous version summed in (a lone
+        # feature pairwise, its error growing as log m, not as m; F > 1 row by row)
+        np.testing.assert_array_equal(together[2][1, f], Xz[lo:hi].sum(0))
+    direct = _direct(Xs[1], chunks[0][1], fold, keep, x0[1])  # and they are the products (k eps64)
+    np.testing.assert_allclose(together[2][1], direct[:, :F, -1], rtol=0,
+                               atol=float_tol(np.float64, np.abs(direct).max() * Xs[1].shape[0] * cols))
+
+
+@pytest.mark.parametrize("stack_bytes", [T.STACK_BYTES, 1])
+def test_accumulators_updated_together_equal_each_alone(rng, monkeypatch, stack_bytes):
+    """`update_together` (one products call for a chunk's accumulators of one shape, or one call each when
+    STACK_BYTES holds only one set) leaves every accumulator with the statistics and origin (x0, y0) it has
+    when updated alone, bit for bit (exact: the same products, the test above, added in the same order).
+    Mutants: only the first accumulator's origin set, the first one's products added to every accumulator,
+    a call given every set or the wrong sets when they are split."""
+    monkeypatch.setattr(T, "STACK_BYTES", stack_bytes)
+    chunks = [_chunk(rng) for _ in range(3)]
+    F, t = chunks[0][0].shape[-1], chunks[0][1].shape[-1]
+    alone = [T.ProbeAccumulator(F, t, k=K) for _ in range(3)]
+    both = [T.ProbeAccumulator(F, t, k=K) for _ in range(3)]
+    for X, Y, fold, keep in chunks:
+        Xs = [X, (X * 3.0 - 1.0).astype(np.float32), X[..., ::-1] + 2.0]
+        tb = T.TargetBlock([Y], T.fold_grouping(fold, keep, K), both[0].y0)
+        T.update_together(both, Xs, tb)
+        for acc, Xp in zip(alone, Xs):
+            acc.update(Xp, [Y], T.fold_grouping(fold, keep, K))
+    for a, b in zip(alone, both):
+        for name in ("G", "x0", "y0"):
+            np.testing.assert_array_equal(getattr(b, name), getattr(a, name))  # exact (docstring)
+    assert not np.array_equal(both[0].G, both[1].G) and not np.array_equal(both[1].G, both[2].G)  # all differ

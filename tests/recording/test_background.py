@@ -1,6 +1,6 @@
 """The recorder's writer thread (`recording.background`): errors reach the caller, the queue is bounded,
 jobs run in order and none runs after a failed one; the recorder on top of it writes every batch's own
-rows (three buffer sets under a slow disk), fdatasyncs as it goes, and the linear-attention families'
+rows (three buffer sets under a slow disk), starts the disk's writeback as it goes, and the linear-attention families'
 shipped specs record O(n) per prompt (`--full-patterns`: the [pos, pos] patterns)."""
 import os
 import threading
@@ -173,17 +173,22 @@ def test_the_recorder_keeps_depth_plus_one_buffer_sets(tmp_path):
         assert len(run.probe_sets) == background.BUFFER_SETS
 
 
-def test_the_writer_fdatasyncs_as_it_goes(tmp_path, monkeypatch):
-    """Every SYNC_BYTES of batches the file goes to the disk from the writer thread, so the final fsync
-    does not write the whole recording while nothing else runs."""
+def test_the_writer_sends_batches_to_the_disk_as_it_goes(tmp_path, monkeypatch):
+    """Every SYNC_BYTES of batches the writer thread starts the file's writeback (`writeback.WriteBehind`), so
+    the final fsync does not write the whole recording while nothing else runs."""
     synced, sizes = [], []
-    real_sync, real_write = os.fdatasync, fmt.RecordingWriter.write_batch
+    real_sync, real_write = fmt.WriteBehind.__call__, fmt.RecordingWriter.write_batch
 
     def write(self, batches, *a, **kw):
         sizes.append(sum(v.nbytes for v in batches.values()))
         return real_write(self, batches, *a, **kw)
 
-    monkeypatch.setattr(fmt.os, "fdatasync", lambda fd: (synced.append(threading.get_ident()), real_sync(fd)))
+    def sync(self):
+        synced.append(threading.get_ident())
+        assert os.fstat(self.fd).st_ino == os.stat(partial_path(out)).st_ino  # the recording's own file
+        return real_sync(self)
+
+    monkeypatch.setattr(fmt.WriteBehind, "__call__", sync)
     monkeypatch.setattr(fmt.RecordingWriter, "write_batch", write)
     model = theta_star_model("linear-td", d=3, n_layers=1, dtype="float32")
     for i, sync_bytes in enumerate((None, 1, 2)):  # measure a batch; then sync after every batch; every two
@@ -191,8 +196,8 @@ def test_the_writer_fdatasyncs_as_it_goes(tmp_path, monkeypatch):
             monkeypatch.setattr(fmt, "SYNC_BYTES", sync_bytes * sizes[0])
         synced.clear()
         source = recorder.PromptSource(config=_config(model), n_total=20, seed=0)
-        recorder.record(model, tmp_path / f"r{i}.h5", probe_spec.shipped_spec("linear-td"), source, batch_size=4,
-                        progress=False)
+        out = tmp_path / f"r{i}.h5"
+        recorder.record(model, out, probe_spec.shipped_spec("linear-td"), source, batch_size=4, progress=False)
         assert len(set(sizes)) == 1  # five equal batches (exact: byte counts)
         assert len(synced) == {None: 0, 1: 5, 2: 2}[sync_bytes]  # exact counts of calls
     assert threading.get_ident() not in synced  # from the writer thread, overlapping the forward passes

@@ -66,6 +66,31 @@ def test_td0_targets_match_the_float64_reference(gamma):
     np.testing.assert_allclose(inter, ref.td_errors[:, 2], rtol=0, atol=1e-12)
 
 
+TARGETED = [n for n, s in mimics.SPECS.items() if s.truth.target_layer is not None and not s.truth.decoy]
+"""The layer-targeted trained non-decoys: the causal test must say "yes" at their target layer."""
+
+
+@pytest.mark.parametrize("name", TARGETED)
+def test_a_targeted_mimics_known_quantity_is_what_the_causal_probe_reads(name):
+    """The causal test's probe at layer L reads the task's reference delta^(L+1) (batch TD(0) from w = 0 with the task's
+    alpha and gamma; `causal.probe_iteration`). A TD(0) mimic's intermediate target is exactly that (float64, the same
+    sums: 1e-12); TD(lambda)'s is the TD error at its own iterate, correlated with it (measured 0.973 at layer 1).
+    Kills an intermediate target one layer off (exact for TD(0)), a target layer that is not the readout's, and a
+    targeted spec whose error row is no TD error (Monte-Carlo's G - w.phi at layer 1: correlation 0.57)."""
+    from icrl_interp.interventions import causal
+
+    spec = mimics.SPECS[name]
+    layer = spec.truth.target_layer
+    assert spec.intermediate is not None and spec.intermediate.layer == layer
+    batch = _batch()
+    got = training.intermediate_target(spec.teacher, spec.intermediate)(batch)
+    want = np.asarray(batch.reference["td_errors"])[:, causal.probe_iteration("resid_post", layer), :got.shape[1]]
+    if spec.truth.algorithm == "td0":
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    else:
+        assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.95
+
+
 def test_decoy_targets():
     batch = _batch()
     reward = training.target({"task_data": "query_reward"})(batch)
@@ -189,6 +214,8 @@ def test_registry_lists_the_trained_entries():
 
 # ------------------------------------------------------------------ the squeeze after a layer-targeted plain mimic
 SQUEEZED = "mimic_plain_td0_layer1"
+ALL_SQUEEZED = [n for n, s in mimics.SPECS.items() if s.intermediate is not None and s.intermediate.bottleneck]
+"""Every squeezed spec: the mimics at layers 0 and 1 (TD(0), TD(lambda)) and the reward-regression control."""
 
 
 def _edit_after(model, layer: int, v: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -207,11 +234,12 @@ def _edit_after(model, layer: int, v: torch.Tensor, z: torch.Tensor) -> torch.Te
         handle.remove()
 
 
-def test_the_squeeze_is_the_only_path_past_the_target_layer():
-    """Later layers see the target layer's stream only through the squeeze's code: an edit of blocks.1's output in the
-    null space of squeeze[0] leaves the output unchanged, one of the same norm in its row space moves it. Kills the
-    mutant that skips the squeeze in forward (or applies it after another block)."""
-    spec = mimics.SPECS[SQUEEZED]
+@pytest.mark.parametrize("name", ALL_SQUEEZED)
+def test_the_squeeze_is_the_only_path_past_the_target_layer(name):
+    """Later layers see the target layer's stream only through the squeeze's code: an edit of blocks.{L}'s output in
+    the null space of squeeze[0] leaves the output unchanged, one of the same norm in its row space moves it. Kills the
+    mutant that skips the squeeze in forward (or applies it after another block: layer 0 and layer 1 specs)."""
+    spec = mimics.SPECS[name]
     model = mimics.build(spec, 0).double()
     layer, rank = spec.intermediate.layer, spec.intermediate.bottleneck
     W = model.squeeze[0].weight.detach()
@@ -256,9 +284,10 @@ def test_squeezed_training_reads_delta_through_the_squeeze():
     assert _outside_row_space(model.squeeze[0].weight, aux.weight[0]) < 1e-5  # float32 fold: ~1e-7 relative
 
 
-def test_shipped_squeezed_mimic_reads_its_readout_through_the_squeeze():
-    model, aux, meta = mimics.load(SQUEEZED, 0)
-    assert meta["intermediate"]["bottleneck"] == mimics.SPECS[SQUEEZED].intermediate.bottleneck
+@pytest.mark.parametrize("name", [n for n in ALL_SQUEEZED if n in SHIPPED])
+def test_shipped_squeezed_mimic_reads_its_readout_through_the_squeeze(name):
+    model, aux, meta = mimics.load(name, 0)
+    assert meta["intermediate"]["bottleneck"] == mimics.SPECS[name].intermediate.bottleneck
     assert _outside_row_space(model.squeeze[0].weight, aux.weight[0]) < 1e-5  # float32 fold: ~1e-7 relative
 
 
@@ -288,17 +317,31 @@ def test_layer_targeted_mimic_says_yes_at_its_layer_and_its_control_does_not():
     assert _conclusion(CONTROL, 0, **small) != "yes"
 
 
+KNOWN_MISSES = {
+    ("mimic_plain_td0_layer0", 1): "inconclusive at the zoo's 128 tasks (beats the input -0.0072 [-0.0171, 0.0014]); "
+                                   "yes at 256 and 512 tasks and for 5 of 6 other test seeds (docs/zoo.md, Measured)",
+}
+"""(entry, zoo seed) whose causal test misses its known answer at the zoo's sizes: strict xfail, so a change that makes
+it right (or a retrained model) fails here until the docs' numbers are updated."""
+
+
+def _zoo_sized(name, seed):
+    miss = KNOWN_MISSES.get((name, seed))
+    return pytest.param(name, seed, marks=pytest.mark.xfail(strict=True, reason=miss)) if miss else (name, seed)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1])
-def test_layer_targeted_entries_at_the_zoos_sizes(seed):
+@pytest.mark.parametrize("name,seed", [_zoo_sized(n, seed) for seed in (0, 1) for n, s in mimics.SPECS.items()
+                                       if s.truth.target_layer is not None])
+def test_layer_targeted_entries_at_the_zoos_sizes(name, seed):
     """As the zoo runs them (`zoo.run.SETTINGS['full']`): every shipped layer-targeted trained non-decoy says "yes" at
-    its layer, every layer-targeted trained decoy does not."""
+    its layer (but the known misses), every layer-targeted trained decoy does not."""
     from icrl_interp.zoo.run import SETTINGS
 
+    found = {e.name: e for e in mimics.entries(seed)}
+    if name not in found:
+        pytest.skip(f"{name} is no zoo entry for seed {seed} (not shipped, or held-out R^2 < MIN_R2)")
     full = SETTINGS["full"]
     sizes = dict(tasks=full["causal_tasks"], random_draws=full["random_draws"], bootstrap=full["bootstrap"])
-    targeted = [e for e in mimics.entries(seed) if e.truth.target_layer is not None]
-    assert any(not e.truth.decoy for e in targeted)
-    for e in targeted:
-        got = _conclusion(e.name, seed, **sizes)
-        assert (got != "yes") if e.truth.decoy else (got == "yes"), (e.name, got)
+    got = _conclusion(name, seed, **sizes)
+    assert (got != "yes") if found[name].truth.decoy else (got == "yes"), (name, got)

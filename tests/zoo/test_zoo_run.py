@@ -102,7 +102,7 @@ def test_summary_and_confusion_count_what_they_say():
     s = Z.summarize(rows)
     assert (s["models"], s["decoys"], s["non_decoys_right"], s["decoys_refused"], s["clear_wrong"]) == (5, 2, 1, 2, 1)
     assert s["accuracy_non_decoys"] == pytest.approx(1 / 3) and s["named_right_non_decoys"] == pytest.approx(2 / 3)
-    assert s["interval_coverage"] == pytest.approx(2 / 3) and s["causal_yes_rate_trained_targets"] == 0.5
+    assert s["interval_coverage_noise_free"] == pytest.approx(2 / 3) and s["causal_yes_rate_trained_targets"] == 0.5
     assert (s["causal_decoys_yes"], s["decoys_reward_regression"]) == (1, 1)
     assert s["failures"] == ["b", "c"] and s["targets"]["no_clear_wrong"] is False
     conf = Z.confusion(rows)
