@@ -18,19 +18,19 @@ import ctypes.util
 import functools
 
 
-@functools.lru_cache(maxsize=1)
-def _malloc_trim():
+@functools.lru_cache(maxsize=None)
+def _libc(symbol: str):
+    """The C library's function `symbol`, or None where the library or the function is missing."""
     name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        return None if libc is None else libc.malloc_trim
+        return getattr(ctypes.CDLL(name), symbol) if name else None
     except (OSError, AttributeError):
         return None
 
 
 def release_free_memory() -> bool:
     """Return the heap's free pages to the OS (glibc's malloc_trim(0)); False where there is no such call."""
-    trim = _malloc_trim()
+    trim = _libc("malloc_trim")
     if trim is None:
         return False
     trim(0)
@@ -44,11 +44,7 @@ class _MallInfo2(ctypes.Structure):
 
 @functools.lru_cache(maxsize=1)
 def _mallinfo2():
-    name = ctypes.util.find_library("c")
-    try:
-        fn = ctypes.CDLL(name).mallinfo2 if name else None  # glibc >= 2.33
-    except (OSError, AttributeError):
-        return None
+    fn = _libc("mallinfo2")  # glibc >= 2.33
     if fn is not None:
         fn.restype = _MallInfo2
     return fn

@@ -176,10 +176,17 @@ def test_heap_release_runs_where_the_c_library_has_malloc_trim():
     assert heap.release_free_memory() is glibc
 
 
-def test_by_default_the_heap_is_trimmed_whenever_its_free_bytes_grew(tmp_path, monkeypatch):
-    """The live RSS and speed targets (docs/benchmarks.md) chose the default: the growth policy with no slack."""
+def _chunks_of_a_small_recording(tmp_path) -> int:
+    """The chunks `iter_chunks` yields over a 40-prompt linear-td recording, 10 prompts at a time."""
     from icrl_interp.recording.format import Recording
 
+    p = D.write_recording(tmp_path / "r.h5", "linear-td", n_prompts=40, batch=20)
+    with Recording(p) as rec:
+        return sum(1 for _ in inputs.iter_chunks(rec, ["prompts/z"], rows=10))
+
+
+def test_by_default_the_heap_is_trimmed_whenever_its_free_bytes_grew(tmp_path, monkeypatch):
+    """The live RSS and speed targets (docs/benchmarks.md) chose the default: the growth policy with no slack."""
     assert inputs.TRIM_SLACK == 0.0  # exact: the documented default
     made, asked = [], []
 
@@ -188,20 +195,12 @@ def test_by_default_the_heap_is_trimmed_whenever_its_free_bytes_grew(tmp_path, m
         return lambda: asked.append(1)
 
     monkeypatch.setattr(heap, "OnGrowth", policy)
-    p = D.write_recording(tmp_path / "r.h5", "linear-td", n_prompts=40, batch=20)
-    with Recording(p) as rec:
-        chunks = sum(1 for _ in inputs.iter_chunks(rec, ["prompts/z"], rows=10))
-    assert chunks == 4 and made == [0] and len(asked) == 4
+    assert _chunks_of_a_small_recording(tmp_path) == 4 and made == [0] and len(asked) == 4
 
 
 def test_trim_slack_none_trims_after_every_chunk(tmp_path, monkeypatch):
-    from icrl_interp.recording.format import Recording
-
     trims = []
     monkeypatch.setattr(inputs, "TRIM_SLACK", None)
     monkeypatch.setattr(heap, "release_free_memory", lambda: trims.append(1) or True)
     monkeypatch.setattr(heap, "OnGrowth", lambda nbytes: pytest.fail("None trims every chunk"))
-    p = D.write_recording(tmp_path / "r.h5", "linear-td", n_prompts=40, batch=20)
-    with Recording(p) as rec:
-        chunks = sum(1 for _ in inputs.iter_chunks(rec, ["prompts/z"], rows=10))
-    assert chunks == 4 and len(trims) == 4
+    assert _chunks_of_a_small_recording(tmp_path) == 4 and len(trims) == 4
