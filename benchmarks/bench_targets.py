@@ -171,6 +171,7 @@ def fig_record(setting: str, repeats: int) -> tuple[dict, dict]:
     tmp = Path(tempfile.mkdtemp(prefix="bench_targets_"))
     forward = plain_forward(model, z, batch)
     written, cpu = {}, {"forward": [], "record": []}  # CPU seconds of each call (every thread of this process)
+    faults = []  # minor page faults of each recording (fresh pages the heap grows into: docs/benchmarks.md, "Recorder")
 
     def plain():
         c0 = time.process_time()
@@ -183,9 +184,11 @@ def fig_record(setting: str, repeats: int) -> tuple[dict, dict]:
         out = tmp / "r.h5"
         out.unlink(missing_ok=True)
         src = recorder.PromptSource(config=None, arrays={"prompts/z": z}, n_total=len(z))
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         c0, t0 = time.process_time(), time.perf_counter()
         written["bytes"] = recorder.record(model, out, spec, src, batch_size=batch, progress=False).bytes_written
         cpu["record"].append(time.process_time() - c0)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
         return time.perf_counter() - t0
     try:
         with threads(setting):
@@ -221,6 +224,7 @@ def fig_record(setting: str, repeats: int) -> tuple[dict, dict]:
     record = {"ratios": [r / p for p, r, _ in parts],
               "detail": f"forward {med[0]:.3f} s, record {med[1]:.3f} s, {mib:.0f} MiB of activations; "
                         f"CPU forward {np.median(cpu['forward']):.3f} s, record {np.median(cpu['record'][1:]):.3f} s; "
+                        f"record minor faults {np.median(faults[1:]):.0f}; "
                         f"floor max(forward, raw)/forward {np.median(floor_raw):.2f}x, "
                         f"max(forward, disk {np.median([d for _, d in raw_parts]):.3f} s, CPU of forward + copy "
                         f"{np.median([c for c, _ in raw_parts]):.3f} s over {cores} cores)/forward "

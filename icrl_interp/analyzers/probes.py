@@ -5,7 +5,7 @@ say whether the activations carry more than their input (`td_probe` holds the st
 `ProbeSet` is fed the analyzer's chunks (pass 1: fold statistics of every probe and of the input
 baseline, which share their targets by context columns, `ColumnGroup`), then `finish` fits them and
 scores the held-out prompts (kept from pass 1, or read once more where they outgrow
-HELD_OUT_CACHE_BYTES) for the per-task sums the bootstrap interval of the selectivity resamples. The registered analyzer 'probes' puts, per layer, every probe
+HELD_OUT_CACHE_BYTES live, FILE_HELD_OUT_CACHE_BYTES from a file) for the per-task sums the bootstrap interval of the selectivity resamples. The registered analyzer 'probes' puts, per layer, every probe
 (`td_probe`: {hook: probe}) and the headline probe's numbers (`td_probe_r2`, `td_probe_selectivity`,
 ...) of the task family's primary hook (`Hints.primary_probe`).
 """
@@ -140,6 +140,9 @@ class ProbeStream:
             if pos - 1 not in q or shape[3] != pos:
                 raise ValueError("the last query row is not recorded")
             self.q_last = int(np.nonzero(q == pos - 1)[0][0])
+            self.held_select = (slice(None), slice(self.q_last, self.q_last + 1), slice(None, n))
+            """What scoring reads of a held-out prompt's pattern: the last query row's first n sources (the
+            features), kept from pass 1 or read in pass 2 without the rest of the pattern."""
             self.cols = np.arange(n)
             self.src = np.arange(n)
             F = shape[1]
@@ -149,6 +152,7 @@ class ProbeStream:
             if keep.size == 0:
                 raise ValueError("no context column is recorded")
             self.src, self.cols = as_slice(keep), p[keep]
+            self.held_select = None  # scoring reads the whole rows
             F = int(np.prod(shape[2:]))
         self.take = as_slice(self.cols)
         self.acc = td_probe.ProbeAccumulator(F, 2 * n_targets, folds)  # targets, then the partner's
@@ -166,10 +170,12 @@ class ProbeStream:
         self.fits = None
         self.sums = None
 
-    def features(self, data: dict, path: str) -> np.ndarray:
+    def features(self, data: dict, path: str, held: bool = False) -> np.ndarray:
+        """[B, columns, F] features of a chunk's rows (`held`: of held-out rows as scoring has them, the
+        pattern's `held_select` only)."""
         act = data[path]
         if self.kind == "scores":
-            return np.moveaxis(act[:, :, self.q_last, : self.n], 1, -1)  # [B, n, heads]
+            return np.moveaxis(act[:, :, 0 if held else self.q_last, : self.n], 1, -1)  # [B, n, heads]
         X = act[:, self.src]
         return X.reshape(X.shape[0], X.shape[1], -1)
 
@@ -187,14 +193,15 @@ class ProbeStream:
     def score(self, data: dict, slot: np.ndarray, Y: np.ndarray, Ys: np.ndarray) -> None:
         y, ys = Y[:, self.take], Ys[:, self.take]
         fit = self.fits["model"]
-        sse = td_probe.residual_sums(self.features(data, self.path), np.concatenate([y, ys], -1),
+        sse = td_probe.residual_sums(self.features(data, self.path, held=True), [y, ys],
                                      fit["coef"], fit["intercept"])
         np.add.at(self.sums["sse"], slot, sse[:, : self.T])
         np.add.at(self.sums["sse_shuffled"], slot, sse[:, self.T :])
         if self.base is not None:
             fit = self.fits["random_init"]
             np.add.at(self.sums["sse_random_init"], slot,
-                      td_probe.residual_sums(self.features(data, self.base_path), y, fit["coef"], fit["intercept"]))
+                      td_probe.residual_sums(self.features(data, self.base_path, held=True), y, fit["coef"],
+                                             fit["intercept"]))
 
     def result(self, names: list[str], task_ids: np.ndarray, max_tasks: int) -> dict:
         """The probe's JSON entry: the headline numbers for the target the hook's layer matches
@@ -253,7 +260,12 @@ def _num(x) -> float | None:
 
 
 HELD_OUT_CACHE_BYTES = 32 * 2**20
-"""Held-out rows kept from pass 1 for scoring, at most (`ProbeSet`); beyond it they are read again."""
+"""Held-out rows kept from pass 1 for scoring in a live analysis, at most (`ProbeSet`); beyond it they are read
+again (the forward pass run again): it keeps the live analysis's peak memory within 1.2x from 1k to 100k prompts."""
+FILE_HELD_OUT_CACHE_BYTES = 128 * 2**20
+"""The same for a recording read from a file: one chunk's budget (`analyze.DEFAULT_CHUNK_MIB`), about what a chunk
+of pass 2 would hold instead. The 1.19 GB recording of `benchmarks/bench_targets.py --only analyze` keeps 79 MiB of
+held-out rows (2026-12-02), so it is read once, not a second time for its held-out prompts."""
 
 
 class ChunkSplit:
@@ -279,14 +291,20 @@ class ProbeSet:
     prompts, never the training ones. `finish` fits every probe, then scores the held-out prompts with
     the fitted coefficients for per-task residual sums, which sufficient statistics cannot give before
     the coefficients are known: the bootstrap interval of the selectivity resamples held-out tasks from
-    them. Pass 1 keeps the held-out prompts' rows (features, targets, partners' targets) while they fit in
-    HELD_OUT_CACHE_BYTES, so scoring reads nothing again (a live analysis runs no second forward pass);
-    a larger held-out set is read once more instead (pass 2: only the probes' datasets, only those
-    rows, and the partners' targets), so memory stays flat in the number of prompts. Both give the
-    same sums, bit for bit: the same rows in the same order.
+    them. Pass 1 keeps the held-out prompts' rows (the probes' features: of an attention pattern only the
+    query row a probe reads, `ProbeStream.held_select`; targets, partners' targets) while they fit in
+    HELD_OUT_CACHE_BYTES (live) or FILE_HELD_OUT_CACHE_BYTES (a file), so scoring reads nothing again (a live
+    analysis runs no second forward pass); a larger held-out set is read once more instead (pass 2: only the
+    probes' datasets, that same part of them, only those rows, and the partners' targets), so memory stays flat
+    in the number of prompts. Both give the
+    same sums from the same rows in the same order: bit for bit on the test recordings, within float64 rounding
+    in general (an interval bound of the 1.19 GB benchmark recording differed by 2e-16, before the pattern's row
+    selection too).
     """
 
-    def __init__(self, f, N: int, pos: int, n: int, opts):
+    def __init__(self, f, N: int, pos: int, n: int, opts, live: bool = False):
+        self.live = live
+        """A live analysis (HELD_OUT_CACHE_BYTES of held-out rows kept), else a file (FILE_HELD_OUT_CACHE_BYTES)."""
         self.targets = ProbeTargets(f, n)
         self.N, self.opts = N, opts
         self.has_ids = "prompts/task_id" in f
@@ -355,17 +373,25 @@ class ProbeSet:
         out.update(("prompts/z",) if self.d_in is not None else ())
         return sorted(out)
 
+    @property
+    def held_select(self) -> dict:
+        """{path: the part of its rows scoring reads} where that is less than the whole row (`ProbeStream.held_select`)."""
+        return {x: p.held_select for p in self.probes.values() if p.held_select is not None
+                for x in (p.path, p.base_path) if x}
+
     def _keep_held(self, data: dict, held: np.ndarray, split: "ChunkSplit", seen: int) -> None:
         """Copy the chunk's held-out rows for scoring (`finish`) while all of them will fit in
-        HELD_OUT_CACHE_BYTES: the bytes kept per prompt seen so far, times the recording's prompts (the split
+        HELD_OUT_CACHE_BYTES (live; FILE_HELD_OUT_CACHE_BYTES from a file): the bytes kept per prompt seen so far, times the recording's prompts (the split
         is a hash of the task ids, so the share held out is the same in every stretch). A recording that will
         not fit keeps nothing from its first chunk on, so its peak memory does not carry a cache to be dropped."""
         if self.held is None:
             return
-        part = {p: np.asarray(data[p][held]) for p in self.feature_paths}  # a mask's rows: a copy already
+        select = self.held_select
+        part = {p: np.asarray(data[p][(held, *select.get(p, ()))]) for p in self.feature_paths}  # a copy already
         block = (part, split.task[held], split.Y[held], split.Ys[held])
         self.held_bytes += sum(a.nbytes for a in part.values()) + sum(a.nbytes for a in block[1:])
-        if max(self.held_bytes, self.held_bytes * self.N / max(seen, 1)) > HELD_OUT_CACHE_BYTES:
+        budget = HELD_OUT_CACHE_BYTES if self.live else FILE_HELD_OUT_CACHE_BYTES
+        if max(self.held_bytes, self.held_bytes * self.N / max(seen, 1)) > budget:
             self.held = None  # too many held-out prompts to keep: pass 2 reads them again
         else:
             self.held.append(block)
@@ -376,7 +402,7 @@ class ProbeSet:
         if self.held is not None:
             yield from self.held
             return
-        for idx, data in read_rows(rec, self.paths, test, rows):
+        for idx, data in read_rows(rec, self.paths, test, rows, self.held_select):
             # the partners' targets: earlier prompts, mostly within the same stretch of the file
             u, back = np.unique(mates[np.searchsorted(test, idx)], return_inverse=True)
             Ys = self.targets.gather(read_at(rec, self.targets.paths, u))[back.ravel()]
@@ -485,7 +511,7 @@ def open_probes(ctx):
     if not facts.has_ref:
         ctx.reasons[TD_PROBE] = "no /reference/td_errors in the recording"
         return None
-    probes = ProbeSet(f, facts.N, facts.pos, facts.n, ctx.opts)
+    probes = ProbeSet(f, facts.N, facts.pos, facts.n, ctx.opts, live=ctx.kind == "live")
     if probes.targets.note:
         ctx.reasons[f"{TD_PROBE}.values"] = probes.targets.note
     direction = td_direction(ctx.hints, ctx.layout)

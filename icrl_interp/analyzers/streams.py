@@ -22,15 +22,17 @@ def layer_param(params: dict, layer: int, key: str):
     return params.get(f"blocks.{layer}.attn.{key}", params.get(f"blocks.0.attn.{key}") if layer > 0 else None)
 
 
-def read_rows(rec, paths: list[str], rows: np.ndarray, chunk: int):
+def read_rows(rec, paths: list[str], rows: np.ndarray, chunk: int, select: dict | None = None):
     """(rows, {path: those rows}) for sorted prompt indices, by the analyzer's chunks of `chunk`
     prompts (so memory stays within its budget; bfloat16 decoded). A chunk holding a fair share of
     the rows (>= 1/16: the usual 25% held out) is read as one slice and subset, which HDF5 does much
-    faster than a point selection; a sparse one (a small probed subset of a large file) by index."""
+    faster than a point selection; a sparse one (a small probed subset of a large file) by index.
+    `select` ({path: a tuple of slices of the axes after the prompt's}) reads only that part of a path's
+    rows (e.g. the one query row of an attention pattern that a probe uses: HDF5 copies 1/pos of it)."""
     from ..core import threads
 
     which = rows // chunk
-    handles = _handles(rec, paths)  # looked up once: an h5py lookup costs as much as a small read
+    handles = _handles(rec, paths, select)  # looked up once: an h5py lookup costs as much as a small read
     yield from threads.ahead(lambda idx: (idx, _read(handles, idx)), [rows[which == c] for c in np.unique(which)])
 
 
@@ -40,11 +42,13 @@ def read_at(rec, paths: list[str], idx: np.ndarray) -> dict:
     return _read(_handles(rec, paths), idx)
 
 
-def _handles(rec, paths: list[str]) -> list[tuple]:
-    """(path, dataset, whether its values are bfloat16 bit patterns) per path."""
+def _handles(rec, paths: list[str], select: dict | None = None) -> list[tuple]:
+    """(path, dataset, whether its values are bfloat16 bit patterns, selection of the axes after the prompt's)
+    per path."""
     from ..recording.format import BF16
 
-    return [(p, rec.f[p], dtype_attr(rec.f[p]) == BF16) for p in paths]
+    select = select or {}
+    return [(p, rec.f[p], dtype_attr(rec.f[p]) == BF16, tuple(select.get(p, ()))) for p in paths]
 
 
 def _read(handles: list[tuple], idx: np.ndarray) -> dict:
@@ -52,8 +56,8 @@ def _read(handles: list[tuple], idx: np.ndarray) -> dict:
 
     lo, hi = int(idx[0]), int(idx[-1]) + 1
     data = {}
-    for p, ds, bf16 in handles:
-        raw = ds[lo:hi][idx - lo] if 16 * idx.size >= hi - lo else ds[idx]
+    for p, ds, bf16, sel in handles:
+        raw = ds[(slice(lo, hi), *sel)][idx - lo] if 16 * idx.size >= hi - lo else ds[(idx, *sel)]
         data[p] = bf16_to_float32(raw) if bf16 else raw
     return data
 

@@ -347,8 +347,8 @@ def numpy_products(Xs: list[np.ndarray], rows: np.ndarray, x0: np.ndarray, Y: np
     Xz = np.empty((P, rows.size, cols * F))
     x0 = np.tile(np.asarray(x0, dtype=np.float64), cols)  # [P, cols * F]: the shift of each column's features
     for p, X in enumerate(Xs):
-        Xz[p] = X[rows].reshape(rows.size, -1)  # the cast to float64 is exact
-    Xz -= x0[:, None, :]  # then one rounding, (x - x0) in float64, for every set at once
+        # the rows gathered, cast to float64 (exact) and shifted with one rounding, (x - x0) in float64, in one pass
+        np.subtract(X.take(rows, axis=0).reshape(rows.size, -1), x0[p], out=Xz[p], dtype=np.float64)
     Xz = Xz.reshape(P, -1, F)
     XX, XY, sx = np.zeros((P, folds, F, F)), np.zeros((P, folds, F, Y.shape[1])), np.zeros((P, folds, F))
     for f in range(folds):
@@ -561,11 +561,23 @@ def update_together(accs: list[ProbeAccumulator], Xs: list[np.ndarray], tb: Targ
             acc._add(XX[i], XY[i], sx[i], tb, bounds)
 
 
-def residual_sums(X: Float[Array, "batch cols f"], Y: Float[Array, "batch cols t"], coef: np.ndarray,
+def residual_sums(X: Float[Array, "batch cols f"], Y: Float[Array, "batch cols t"] | list, coef: np.ndarray,
                   intercept: np.ndarray) -> Float[Array, "batch t"]:
-    """Per prompt and target, the sum over columns of the squared held-out residuals of a fitted probe."""
-    r = Y - (X.reshape(-1, X.shape[-1]) @ coef).reshape(*X.shape[:2], coef.shape[1]) - intercept
-    return (r * r).sum(1)
+    """Per prompt and target, the sum over columns of the squared held-out residuals of a fitted probe. `Y` may
+    be a list of arrays whose last axes, side by side, are the targets (a probe's own and its partners': no
+    joined copy). The residuals (Y - X coef) - intercept are formed in the predictions' buffer, with the same
+    float64 operations in the same order as the expression, so the sums are the same bit for bit."""
+    parts = Y if isinstance(Y, (list, tuple)) else [Y]
+    r = (X.reshape(-1, X.shape[-1]) @ coef).reshape(*X.shape[:2], coef.shape[1])
+    r = r.astype(np.result_type(r, intercept, *parts), copy=False)  # the expression's dtype (float64: a no-op)
+    at = 0
+    for part in parts:
+        view = r[..., at : at + part.shape[-1]]
+        np.subtract(part, view, out=view)
+        at += part.shape[-1]
+    r -= intercept
+    np.multiply(r, r, out=r)
+    return r.sum(1)
 
 
 BOOTSTRAP = 1000

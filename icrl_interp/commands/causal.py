@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..core import devices
 from ..core.cli_fields import add_fields, parsed
-from ..interventions.causal import DEFAULT_STEER, DIRECTIONS, METHODS, SITES
+from ..interventions.causal import DEFAULT_REFITS, DEFAULT_STEER, DIRECTIONS, METHODS, SITES
 from ..interventions.interchange import CHANGES
 from . import task_options
 
@@ -46,6 +46,10 @@ class CausalOptions:
     history at a time, std the selective projection's)."""
     bootstrap: int = 1000
     """Bootstrap resamples of the held-out tasks."""
+    refits: int = DEFAULT_REFITS
+    """Refits of the selective and input-explained directions on resampled training tasks, which the bootstrap
+    resamples with the held-out tasks, so the conclusion's intervals hold how the fitted directions vary (0: fitted
+    once; docs/causal.md, "Refitting")."""
     baseline_seed: int = 0
     """Seed of the random-init copy's parameters (with --baseline random-init)."""
     interchange: str = field(default="none", metadata={"choices": ("none", *CHANGES)})
@@ -210,7 +214,8 @@ def run(args) -> int:
                           direction=o.direction, tasks=prompts.tasks, test_fraction=o.test_fraction,
                           prompt_seed=prompts.prompt_seed, split_seed=o.split_seed, direction_seed=o.direction_seed,
                           random_draws=o.random_draws, steer=o.steer, bootstrap=o.bootstrap,
-                          batch_size=prompts.batch_size, baseline=prompts.baseline, baseline_seed=o.baseline_seed)
+                          batch_size=prompts.batch_size, baseline=prompts.baseline, baseline_seed=o.baseline_seed,
+                          refits=o.refits)
     if o.interchange != "none":
         from ..interventions.interchange import interchange
 
@@ -254,7 +259,7 @@ def episode_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-FAMILY_ONLY = ("hook", "method", "direction", "interchange", "figure", "tasks", "prompt_seed", "probe")
+FAMILY_ONLY = ("hook", "method", "direction", "interchange", "figure", "tasks", "prompt_seed", "probe", "refits")
 """Options of the families' causal test that the test over learning histories does not have."""
 
 

@@ -190,6 +190,7 @@ FLAGS: dict[str, Flag] = {
     "--random-draws": Flag("random directions of the control", ("causal", "verdict")),
     "--steer": Flag("steering scales", ("causal",)),
     "--bootstrap": Flag("bootstrap resamples of the held-out tasks", ("causal", "verdict")),
+    "--refits": Flag("refits of the selective test's directions on resampled training tasks", ("causal",)),
     "--candidates": Flag("the candidate algorithms judged", ("verdict",)),
     "--max-step": Flag("largest candidate step k tried per layer", ("verdict",)),
     "--min-r2": Flag("held-out behaviour R^2 a candidate needs to fit", ("verdict",)),

@@ -44,21 +44,25 @@ from .edits import (MATCH_POWER, Edit, erased_variance, leace_edit, pinv_psd, pr
                     variance_matched)
 from .conclusion import ANSWERS, THRESHOLDS
 from .experiment import (DIRECTIONS, ERASED, FOLDS, METHODS, MIN_TASKS, CausalSetup, Measured, conclude, measure,
-                         measure_selective, model_part, prepare, probe_iteration, reach_note)
+                         measure_selective, model_part, prepare, probe_iteration, reach_note, refit,
+                         training_resamples)
 from .sites import (ROUNDING_ULPS, SITES, Runner, Site, check_int, default_hook, eval_mode, own_model, rounding_floor,
                     site_of, unchanged_within_rounding)
 from .statistics import compare, excess
 
-__all__ = ["SCHEMA", "DEFAULT_STEER", "causal_test", "BASELINES", "MEASURE", "compare_models", "scale_note", "verdict",
-           "MATCH_POWER", "Edit", "erased_variance", "leace_edit", "pinv_psd", "projection_edit", "random_directions",
-           "variance_matched", "ANSWERS", "THRESHOLDS", "DIRECTIONS", "ERASED", "FOLDS", "METHODS", "MIN_TASKS",
-           "CausalSetup", "Measured", "conclude", "measure", "measure_selective",
-           "prepare", "probe_iteration", "reach_note", "ROUNDING_ULPS", "SITES", "Runner", "Site", "default_hook",
-           "eval_mode", "rounding_floor", "site_of", "unchanged_within_rounding", "compare", "excess"]
+__all__ = ["SCHEMA", "DEFAULT_STEER", "DEFAULT_REFITS", "causal_test", "BASELINES", "MEASURE", "compare_models",
+           "scale_note", "verdict", "MATCH_POWER", "Edit", "erased_variance", "leace_edit", "pinv_psd",
+           "projection_edit", "random_directions", "variance_matched", "ANSWERS", "THRESHOLDS", "DIRECTIONS", "ERASED",
+           "FOLDS", "METHODS", "MIN_TASKS", "CausalSetup", "Measured", "conclude", "measure", "measure_selective",
+           "refit", "training_resamples", "prepare", "probe_iteration", "reach_note", "ROUNDING_ULPS", "SITES",
+           "Runner", "Site", "default_hook", "eval_mode", "rounding_floor", "site_of", "unchanged_within_rounding",
+           "compare", "excess"]
 """The test's public names, wherever they live (docs/causal.md names them as `causal.NAME`)."""
 
 SCHEMA = "icrl_interp.causal/2"
 DEFAULT_STEER = (-2.0, -1.0, 1.0, 2.0)
+DEFAULT_REFITS = 8
+"""Refits of the selective test's directions on resampled training tasks (`causal_test`'s `refits`)."""
 
 
 def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | None = None,
@@ -66,7 +70,7 @@ def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | 
                 test_fraction: float = 0.5, seed: int = 0, random_draws: int = 32, steer=DEFAULT_STEER,
                 bootstrap: int = 1000, batch_size: int = 256, baseline: str = "random-init",
                 baseline_seed: int | None = None, prompt_seed: int | None = None, split_seed: int | None = None,
-                direction_seed: int | None = None, crossfit: bool = False) -> dict:
+                direction_seed: int | None = None, crossfit: bool = False, refits: int = DEFAULT_REFITS) -> dict:
     """Erase / steer the TD-error direction at `layer` and compare with random directions (docs/causal.md).
 
     `model`: one of the package's models or any torch module (with `roles` or a `probe` spec path whose
@@ -81,6 +85,11 @@ def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | 
     `crossfit=True` (not the default; no flag): the selective test and the conclusion are cross-fitted over the
     split and its swap (docs/causal.md, "Cross-fitting"): the directions are fitted on each part and measured on
     the other, and the statistics pooled over all tasks (`selective.crossfit`); the other fields are the split's.
+    `refits` R (docs/causal.md, "Refitting"): the selective and input-explained directions (and the selectivity's
+    probes) are refitted on R resamples of the training tasks (drawn from `split_seed`), each measured on the held-out
+    tasks, and the bootstrap resamples both, so the conclusion's intervals hold how the fitted directions vary
+    (`selective.refits`; 0: directions fitted once, intervals over held-out tasks only). The random-init baseline's
+    selective test is not refitted.
     Returns the `causal` section of the causal JSON (docs/formats.md#causal-json)."""
     if method not in METHODS:
         raise UserError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
@@ -91,6 +100,7 @@ def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | 
     base_seed = check_int("--baseline-seed", seed if baseline_seed is None else baseline_seed)
     prompt_seed, split_seed = (seed if s is None else s for s in (prompt_seed, split_seed))
     direction_seed = check_int("--direction-seed", seed if direction_seed is None else direction_seed)
+    refits = check_int("--refits", refits, 0)
     scales = [float(s) for s in (steer or ())]
     if not all(math.isfinite(s) for s in scales):
         raise UserError(f"steering scales must be finite, got {steer!r}")
@@ -104,7 +114,7 @@ def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | 
     seeds = {"prompt_seed": prompt_seed, "split_seed": split_seed}
     G = random_directions(setup.width, draws, direction_seed, setup.site.layer)
     others = (prepare(model, config, layer, direction=direction, fold=1, **common),) if crossfit else ()
-    measured = measure(setup, method, G, scales, split_seed, n_boot, others=others)
+    measured = measure(setup, method, G, scales, split_seed, n_boot, others=others, refits=refits)
     fam = registry.get(setup.family)
     section = {
         "model": {"class": type(model).__name__,

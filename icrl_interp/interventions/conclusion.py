@@ -3,7 +3,8 @@
 scored.
 
 Three criteria, each read from a 95% percentile bootstrap interval over held-out tasks (all three on the same
-resamples of the same tasks):
+resamples of the same tasks; by default each resample also reads one of the directions refitted on resampled
+training tasks, so the intervals hold the fit's variation: `experiment.measure_selective`'s `refits`):
 
 1. **selective probe**: the layer carries the part of delta the prompt does not explain (selectivity);
 2. **beats random**: erasing the selective direction moves the output more than erasing variance-matched random

@@ -5,7 +5,7 @@ and the JSON fields of that model (`model_part`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from ..models.modes import eval_mode
 from . import conclusion, selective
 from .edits import Edit, erased_variance, leace_edit, projection_edit, unit, variance_matched
 from .sites import Runner, Site, check_int, own_model, site_of, unchanged_within_rounding
-from .statistics import compare, excess, interval, num
+from .statistics import compare, excess, interval, num, spread
 
 METHODS = ("mean", "leace", "zero")
 """Erasure methods: mean-ablation of the projection, LEACE, zero-ablation of the projection."""
@@ -74,6 +74,9 @@ class CausalSetup:
     """The probe's targets delta_k of every task [tasks, n]."""
     selective: selective.Selective | None = None
     """The selective and input-explained directions (`selective.fit`; None where the directions are not probed)."""
+    explained: np.ndarray | None = None
+    """What explains delta without the model, of every task [tasks, n, D + 1] (`selective.explained_by`; what
+    `refit` refits the directions' split on)."""
 
     @property
     def width(self) -> int:
@@ -153,15 +156,18 @@ def _truth(batch, idx: np.ndarray, hints, width: int) -> tuple[np.ndarray, str]:
     return ref, "reference output"
 
 
-def _probe(X: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray, shuffled: bool = True) -> dict:
+def _probe(X: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray, shuffled: bool = True,
+           groups: np.ndarray | None = None) -> dict:
     """Ridge probe with intercept (analyzers.td_probe's RidgeStats: the penalty picked by 5-fold CV over
     the training tasks), its R^2 on training and held-out tasks, and (unless `shuffled` is False) the
-    shuffled control (each task's targets replaced by those of the next task of the same fold)."""
+    shuffled control (each task's targets replaced by those of the next task of the same fold). Training row j
+    lies in CV fold j mod 5, or `groups[j]` mod 5 (`refit`: the copies of a task drawn twice share a fold, so
+    no task is scored by a penalty fitted on its own copy)."""
     from ..analyzers import td_probe
 
     N, n, F = X.shape
     fold = np.full(N, FOLDS, dtype=np.int64)
-    fold[train] = np.arange(train.size) % FOLDS
+    fold[train] = (np.arange(train.size) if groups is None else np.asarray(groups)) % FOLDS
     shuffled_y = np.empty_like(y)
     for f in range(FOLDS + 1):
         members = np.nonzero(fold == f)[0]
@@ -278,17 +284,47 @@ def prepare(model, config, layer: int, *, hook: str | None = None, roles: dict |
     probe_sums = np.stack([(resid ** 2).sum(1), np.full(test.size, float(n)), yh.sum(1), (yh ** 2).sum(1)], 1)
     Xt, yt = X[train].reshape(-1, F), y[train].ravel()
     proj = Xt @ u
-    mean_x = Xt.mean(0)
-    Xc = Xt - mean_x
-    cov_x = Xc.T @ Xc / Xt.shape[0]
-    cov_xz = Xc.T @ (yt - yt.mean()) / Xt.shape[0]
+    mean_x, cov_x = _moments(Xt)
+    cov_xz = (Xt - mean_x).T @ (yt - yt.mean()) / Xt.shape[0]
     truth, truth_kind = _truth(batch, test, fam.hints, width)
-    sel = selective.fit(_probe, X, selective.explained_by(config, z, it, n), y, train, test)
+    Z = selective.explained_by(config, z, it, n)
+    sel = selective.fit(_probe, X, Z, y, train, test)
     return CausalSetup(runner=runner, site=site, family=fam.name, z_test=z[test], base=out[test], truth=truth,
                        truth_kind=truth_kind, direction=u, direction_source=source, mean=float(proj.mean()),
                        std=float(proj.std()), mean_x=mean_x, cov_x=cov_x, cov_xz=cov_xz, probe=probe,
                        train_index=train, test_index=test, batch=batch, notes=notes, probe_sums=probe_sums,
-                       features=X, targets=y, selective=sel)
+                       features=X, targets=y, selective=sel, explained=Z)
+
+
+def _moments(Xt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, covariance with divisor m) of the training columns Xt [m, F]."""
+    mean_x = Xt.mean(0)
+    Xc = Xt - mean_x
+    return mean_x, Xc.T @ Xc / Xt.shape[0]
+
+
+def training_resamples(setup: CausalSetup, refits: int, seed: int, fold: int = 0) -> np.ndarray:
+    """[refits, training tasks]: positions in `setup.train_index` drawn with replacement, one row per refit (`refit`);
+    a pure function of (`seed`, `fold`)."""
+    m = int(setup.train_index.size)
+    return np.random.default_rng([int(seed), 0x2EF17, int(fold)]).integers(0, m, size=(int(refits), m))
+
+
+def refit(setup: CausalSetup, draw: np.ndarray) -> CausalSetup:
+    """`setup` with what the selective test fitted on the training tasks fitted again on the resample `draw` of them
+    (positions in `train_index`, with replacement): the split of delta, the selective and input-explained probes and
+    directions (`selective.fit`), and the training mean and covariance of the features (the mean- and LEACE-erasures'
+    and the random directions' size matching). A task drawn twice enters twice, its copies in one CV fold (`_probe`'s
+    `groups`). The held-out tasks, the model and the TD direction are `setup`'s."""
+    train = setup.train_index[np.sort(np.asarray(draw))]
+    m, test = train.size, setup.test_index
+    rows = np.concatenate([train, test])
+    groups = np.unique(train, return_inverse=True)[1]
+    probe = lambda X, y, tr, te, shuffled=True: _probe(X, y, tr, te, shuffled, groups=groups)  # noqa: E731
+    X = setup.features[rows]
+    sel = selective.fit(probe, X, setup.explained[rows], setup.targets[rows], np.arange(m), np.arange(m, rows.size))
+    mean_x, cov_x = _moments(X[:m].reshape(-1, X.shape[-1]))
+    return replace(setup, selective=sel, mean_x=mean_x, cov_x=cov_x)
 
 
 @dataclass
@@ -306,11 +342,12 @@ class Measured:
 
 
 def measure(setup: CausalSetup, method: str, G: np.ndarray, scales, seed: int, n_boot: int,
-            others: tuple = ()) -> Measured:
+            others: tuple = (), refits: int = 0) -> Measured:
     """Erase and steer the TD direction of `setup` and the random directions G [K, width] on its
     held-out tasks. The bootstrap resamples are a pure function of `seed`, so two models measured on the
     same tasks share them. `others`: further folds of the same model and tasks (`prepare(..., fold=1)`) whose
-    held-out tasks the selective test pools with this one's (`measure_selective`)."""
+    held-out tasks the selective test pools with this one's; `refits`: the selective test's refits of its
+    directions on resampled training tasks (`measure_selective`)."""
     rng = np.random.default_rng([int(seed), 0xB007])
     base, ve0 = setup.base, setup.value_error(setup.base)
 
@@ -366,7 +403,7 @@ def measure(setup: CausalSetup, method: str, G: np.ndarray, scales, seed: int, n
            for f in (setup, *others)):
         with eval_mode(setup.runner.model):
             sel, arrays = measure_selective(setup, method, G, seed, n_boot, effect=lambda e: effect(e)[0],
-                                            others=others)
+                                            others=others, refits=refits)
         per_task["selective"] = arrays
         largest = max(largest, *(float(np.max(a, initial=0.0)) for a in arrays))
     return Measured(erasure, curve, per_task, largest, sel)
@@ -391,7 +428,7 @@ def _selective_fold(setup: CausalSetup, method: str, G: np.ndarray, effect) -> d
 
 
 def measure_selective(setup: CausalSetup, method: str, G: np.ndarray, seed: int, n_boot: int, effect=None,
-                      others: tuple = ()):
+                      others: tuple = (), refits: int = 0):
     """The selective test on the held-out tasks (docs/causal.md, "The selective test"): |Δ output| per task from
     erasing (by `method`) the selective direction, the input-explained one and the random directions G bent to
     the selective erasure's size (the input-explained erasure too: shrunk to that size, and in full); the paired
@@ -400,27 +437,47 @@ def measure_selective(setup: CausalSetup, method: str, G: np.ndarray, seed: int,
     per held-out task (default: from `setup.output`). `others`: further folds (`prepare(..., fold=1)`: the same
     tasks with the split swapped), each measured on its own held-out tasks with its own fitted directions; every
     per-task statistic is pooled over the folds' held-out tasks and resampled over all of them (cross-fitting: every
-    task is measured with directions fitted without it, and all of them are measured; the resamples still do not
-    refit the directions), and `crossfit` says per fold what was fitted. The JSON's other fields are `setup`'s. Returns (JSON, (selective [N], input [N],
-    random [N, K])) over the pooled held-out tasks."""
-    if effect is None:
-        effect = lambda e: np.linalg.norm(setup.output(e) - setup.base, axis=-1)  # noqa: E731
-    folds = [(setup, _selective_fold(setup, method, G, effect))]
-    folds += [(f, _selective_fold(f, method, G, lambda e, f=f: np.linalg.norm(f.output(e) - f.base, axis=-1)))
-              for f in others]
-    s, i, i_full, r = (np.concatenate([part[k] for _, part in folds]) for k in ("s", "i", "i_full", "r"))
-    sums = np.concatenate([f.selective.sums for f, _ in folds])
-    N = s.size
+    task is measured with directions fitted without it, and all of them are measured), and `crossfit` says per fold
+    what was fitted. `refits` R > 0 (docs/causal.md, "Refitting"): every fold's directions are also fitted again on R
+    resamples of its training tasks (`training_resamples`, `refit`) and measured on the same held-out tasks;
+    bootstrap resample b reads refit 1 + (b mod R) on its resample of the held-out tasks, so the intervals hold how
+    the fitted directions vary as well as the held-out tasks; each criterion then gives the resamples' standard
+    error `se`, and the refits' own values' mean and SD (`refit_mean`, `refit_sd`). The values (`mean`) are the
+    directions fitted on all training tasks (R = 0: the intervals too, as without refits). The JSON's other fields
+    are `setup`'s. Returns (JSON, (selective [N], input [N], random [N, K])) over the pooled held-out tasks."""
+    refits = int(refits)
+    parts = [[_selective_fold(setup, method, G, effect or (lambda e: _change(setup, e)))]
+             + [_selective_fold(f, method, G, lambda e, f=f: _change(f, e)) for f in others]]
+    folds = (setup, *others)
+    if refits:
+        fitted = [[refit(f, d) for d in training_resamples(f, refits, seed, k)] for k, f in enumerate(folds)]
+        fitted = [[fs[r] for fs in fitted] for r in range(refits)]  # per refit, every fold's
+        usable = [fs for fs in fitted if all(f.selective.selective is not None and f.selective.input is not None
+                                             for f in fs)]  # a refit whose probe read nothing is left out
+        parts += [[_selective_fold(f, method, G, lambda e, f=f: _change(f, e)) for f in fs] for fs in usable]
+        fitted = [list(folds)] + usable
+    else:
+        fitted = [list(folds)]
+    s, i, i_full, r = (np.stack([np.concatenate([fold[k] for fold in fit]) for fit in parts])
+                       for k in ("s", "i", "i_full", "r"))  # [fits, N] ([fits, N, K]); fit 0: all training tasks
+    sums = np.stack([np.concatenate([f.selective.sums for f in fs]) for fs in fitted])
+    R, N = s.shape[0] - 1, s.shape[1]
     idx = np.random.default_rng([int(seed), 0x5E1EC7]).integers(0, N, size=(n_boot, N))
-    boot = lambda a: {"mean": float(a.mean()), "ci": interval(a[idx].mean(1))}  # noqa: E731
-    ex, vs_in = excess(s, r), s - i
-    first = folds[0][1]
+    which = np.zeros(n_boot, dtype=np.int64) if R == 0 else 1 + np.arange(n_boot) % R
+
+    def boot(a: np.ndarray) -> dict:
+        samples = a[which[:, None], idx].mean(1)
+        out = {"mean": float(a[0].mean()), "ci": interval(samples)}
+        return {**out, **spread(samples, a[1:].mean(1))} if R else out
+
+    ex = np.stack([excess(a, b) for a, b in zip(s, r)])
+    first = parts[0][0]
     cosine = lambda a, b: float(a.selective.selective.u @ b)  # noqa: E731
-    out = {**setup.selective.probe,
-           "selectivity": selective.selectivity(sums, idx),
+    out = {**setup.selective.probe, "refits": R,
+           "selectivity": selective.selectivity(sums, idx, which),
            "erasure": {"selective": boot(s), "input_explained": boot(i), "input_explained_full": boot(i_full),
-                       "input_explained_shrink": first["shrink"], "random": boot(r.mean(1)),
-                       "excess_over_random": boot(ex), "minus_input_explained": boot(vs_in),
+                       "input_explained_shrink": first["shrink"], "random": boot(r.mean(2)),
+                       "excess_over_random": boot(ex), "minus_input_explained": boot(s - i),
                        "erased_variance": first["erased_variance"],
                        "cosine_selective_input": cosine(setup, setup.selective.input.u),
                        "cosine_selective_td": cosine(setup, setup.direction)}}
@@ -430,8 +487,14 @@ def measure_selective(setup: CausalSetup, method: str, G: np.ndarray, seed: int,
                                          "r2_test": f.selective.probe["r2_test"],
                                          "cosine_selective_input": cosine(f, f.selective.input.u),
                                          "cosine_selective_first_fold": cosine(f, setup.selective.selective.u),
-                                         "erased_variance": part["erased_variance"]} for f, part in folds]}
-    return out, (s, i, r)
+                                         "erased_variance": part["erased_variance"]}
+                                        for f, part in zip(folds, parts[0])]}
+    return out, (s[0], i[0], r[0])
+
+
+def _change(setup: CausalSetup, edit: Edit) -> np.ndarray:
+    """|Δ output| per held-out task of `setup` under `edit`."""
+    return np.linalg.norm(setup.output(edit) - setup.base, axis=-1)
 
 
 def conclude(setup: CausalSetup, m: Measured, test_fraction: float) -> tuple[str, str, dict]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .statistics import interval, num
+from .statistics import interval, num, spread
 
 TARGET = ("the TD error minus its ridge prediction from the prompt's own context column (its input features, "
           "the reward included) and the no-bootstrapping error (the reference at discount 0, same step), fitted on "
@@ -119,9 +119,16 @@ def selectivity_of(sums: np.ndarray):
     return model - np.maximum(inp, 0.0)
 
 
-def selectivity(sums: np.ndarray, idx: np.ndarray) -> dict:
+def selectivity(sums: np.ndarray, idx: np.ndarray, fits: np.ndarray | None = None) -> dict:
     """{'mean', 'ci'}: the selectivity on all held-out tasks and its 95% bootstrap interval, from their per-task
     sums [N_test, 5] (`Selective.sums`; several folds' concatenated when cross-fitted) and the resamples idx
-    [B, N_test] of the held-out tasks, shared with the effects so the criteria are read on the same resamples."""
+    [B, N_test] of the held-out tasks, shared with the effects so the criteria are read on the same resamples.
+    With the probes refitted (`experiment.refit`): sums [1 + R, N_test, 5], fit 0 on all training tasks (the value),
+    and `fits` [B] the fit resample b reads (1..R; None: fit 0), so the interval holds the refits' variation too;
+    then also `se`, `refit_mean` and `refit_sd` (`statistics.spread`)."""
     sums = np.asarray(sums, dtype=np.float64)
-    return {"mean": num(selectivity_of(sums.sum(0))), "ci": interval(selectivity_of(sums[idx].sum(1)))}
+    sums = sums[None] if sums.ndim == 2 else sums
+    fits = np.zeros(len(idx), dtype=np.int64) if fits is None else np.asarray(fits)
+    samples = selectivity_of(sums[fits[:, None], idx].sum(1))
+    out = {"mean": num(selectivity_of(sums[0].sum(0))), "ci": interval(samples)}
+    return {**out, **spread(samples, selectivity_of(sums[1:].sum(1)))} if sums.shape[0] > 1 else out

@@ -68,6 +68,16 @@ def compare(td: np.ndarray, rand: np.ndarray, rng: np.random.Generator, n_boot: 
     return out
 
 
+def spread(samples: np.ndarray, refitted: np.ndarray) -> dict:
+    """How wide a refitted bootstrap is and what the refits alone vary (`experiment.measure_selective`): `se`, the SD
+    of the bootstrap samples; `refit_mean` and `refit_sd`, the mean and SD (ddof 1; None with one refit) of the
+    statistic on all held-out tasks per refit. Non-finite values are left out."""
+    s, r = (np.asarray(a, dtype=np.float64) for a in (samples, refitted))
+    s, r = s[np.isfinite(s)], r[np.isfinite(r)]
+    return {"se": num(s.std(ddof=1)) if s.size > 1 else None, "refit_mean": num(r.mean()) if r.size else None,
+            "refit_sd": num(r.std(ddof=1)) if r.size > 1 else None}
+
+
 def num(x) -> float | None:
     """x as a float, None when it is NaN or infinite (JSON has neither)."""
     x = float(x)

@@ -274,12 +274,18 @@ class RecordingWriter:
                 raise UserError(f"{path}: batch has per-prompt shape {arr.shape[1:]}, the recording has {ds.shape[1:]}")
             ds.resize(self.n_done + b, axis=0)
             self._put(ds, np.ascontiguousarray(arr, dtype=ds.dtype))
+            self._write_behind(arr.nbytes)
         self.n_done += b
         self._f.flush()  # data first, then the progress marker that vouches for it
         self._f["progress"][0] = self.n_done
         self._f.flush()
         self._appear()
-        self._unsynced += sum(a.nbytes for a in batches.values())
+
+    def _write_behind(self, nbytes: int) -> None:
+        """Count `nbytes` just written; every SYNC_BYTES start the disk's writeback (`WriteBehind`). Counted per
+        dataset, not per batch, so the disk starts on a batch while the rest of it is still being copied: the
+        last batch's bytes are mostly on their way when the final fsync comes."""
+        self._unsynced += nbytes
         if self._unsynced >= SYNC_BYTES:  # the page cache to the disk while the forward runs
             if self._behind is None:
                 self._behind = WriteBehind(self._f.id.get_vfd_handle())

@@ -231,6 +231,8 @@ class LiveFile:
             self._full.move_to_end(index)
             return self._full[index]
         if not model:
+            if index == 0 and self._first is not None:  # batch 0 as `prepare` ran it: its prompt paths too
+                return self._first
             if index not in self._prompts:
                 lo, hi = self.run.batch_rows(index)
                 data = self.run.source.batch(index, lo, hi)

@@ -87,10 +87,11 @@ class _Buffers:
     Without a copy (`direct`): a CPU tensor already in the stored dtype that is contiguous and owns its
     whole storage (not a view of a parameter, of the prompts or of a larger tensor) is handed on as it is.
     That is safe only while nothing writes into it afterwards, which torch's version counter tells: every
-    in-place write bumps it. A hook's first batch is copied and its tensor watched (`settle`): if the
-    forward pass wrote into it after the hook, the hook is copied from then on. A tensor handed on is
-    checked again after the forward pass (the batch is then run again, copied) and by the writer
-    (`rewritten`), so a model writing into an earlier batch's activation is refused, never written."""
+    in-place write bumps it. Every tensor handed on is watched, from the first batch on: if the forward
+    pass wrote into it after the hook (`settle`), the batch is run again with that hook copied, and it
+    stays copied; the writer checks again (`rewritten`), so a model writing into an earlier batch's
+    activation is refused, never written. (The first batch used to be copied as a precaution; that
+    copy's fresh pages cost every run more than the rare rerun it spared: docs/benchmarks.md.)"""
 
     def __init__(self, rules: dict[str, HookRule], capacity: int, device: torch.device | None = None,
                  direct_ok: dict[str, bool] | None = None):
@@ -106,8 +107,8 @@ class _Buffers:
         self.store: dict[str, torch.dtype] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.direct_ok = {} if direct_ok is None else direct_ok
-        """Hook -> whether its tensors are handed on without a copy (decided on its first batch; shared by
-        the buffer sets of one model)."""
+        """Hook -> False once the model wrote into its tensor after the hook (it is copied from then on);
+        absent: handed on without a copy where `_whole` allows. Shared by the buffer sets of one model."""
         self.direct: dict[str, np.ndarray] = {}
         """This batch's activations handed on without a copy (numpy views of the model's tensors)."""
         self.watched: dict[str, tuple[torch.Tensor, int]] = {}
@@ -137,23 +138,22 @@ class _Buffers:
             raise UserError(f"hook {name}: activation shape {tuple(t.shape[1:])} changed from {self.shapes[name]}")
         self.rows[name] = t.shape[0]
         whole = self._whole(name, t)
-        if whole and self.direct_ok.get(name):
+        if whole and self.direct_ok.get(name, True):
             self.direct[name] = t.numpy()
             self.watched[name] = (t, t._version)
-            # a copy buffer of an earlier batch (the first) is free now (this set's last batch is written):
-            # each set then holds one batch of activations, copied or not, as `budget` counts
+            # a copy buffer of an earlier batch of this set (a tensor that was not whole then) is free now (the
+            # set's last batch is written): each set holds one batch of activations, copied or not, as `budget` counts
             self.arrays.pop(name, None)
             self.views.pop(name, None)
             return
         self.direct.pop(name, None)
+        self.watched.pop(name, None)
         if name not in self.arrays:
             host = devices.host_empty((self.capacity, *self.shapes[name]), self.store[name], self.device)
             # bfloat16 has no numpy dtype: the writer gets its bit patterns as int16
             self.arrays[name] = (host.view(torch.int16) if self.store[name] == torch.bfloat16 else host).numpy()
             self.views[name] = host
         self.views[name][: t.shape[0]].copy_(t, non_blocking=True)  # synchronous from the CPU
-        if whole and name not in self.direct_ok:
-            self.watched[name] = (t, t._version)  # the first batch: copied, and watched for later writes
 
     def _whole(self, name: str, t: torch.Tensor) -> bool:
         """Whether `t` can be handed on as it is: a contiguous CPU tensor in the stored dtype (not bfloat16,
@@ -169,21 +169,13 @@ class _Buffers:
         return self.direct[name] if name in self.direct else self.arrays[name][:n]
 
     def settle(self) -> bool:
-        """After the forward pass: decide each first-batch hook's `direct_ok` from whether its tensor was
-        written after the hook; False when a tensor handed on without a copy was (then the hook is copied
-        from now on, and this batch must be run again)."""
-        rerun = False
-        for name, (t, version) in list(self.watched.items()):
-            unchanged = t._version == version
-            if name in self.direct:
-                if not unchanged:
-                    self.direct_ok[name], rerun = False, True
-                    del self.direct[name]
-            else:
-                if name not in self.direct_ok:
-                    self.direct_ok[name] = unchanged
-                del self.watched[name]
-        return not rerun
+        """After the forward pass: False when a tensor handed on without a copy was written after its hook
+        (then that hook is copied from now on, and this batch must be run again)."""
+        bad = self.rewritten()
+        for name in bad:
+            self.direct_ok[name] = False
+            del self.direct[name], self.watched[name]
+        return not bad
 
     def rewritten(self) -> list[str]:
         """Hooks whose activations handed on without a copy have been written into since their hook ran."""
@@ -235,6 +227,16 @@ def _model_input(batch: dict[str, np.ndarray], dtype: torch.dtype, device: torch
     else:
         x = torch.from_numpy(np.ascontiguousarray(batch["prompts/input"]))
     return x if device is None else x.to(device)
+
+
+def _all_finite(x: torch.Tensor) -> bool:
+    """Whether a floating-point tensor holds no NaN and no ±Inf: its least and largest values (one pass,
+    `aminmax`; a NaN makes both NaN) are finite. `isfinite(x).all()` built a boolean tensor of x's size and
+    took ~20x as long, a few percent of a small model's forward pass."""
+    if not x.numel():
+        return True
+    lo, hi = torch.aminmax(x)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
 def _stochastic_note(model: nn.Module) -> str | None:
@@ -493,7 +495,7 @@ def _prepare(model, spec, source, batch_size, resume, checkpoint_sha256, baselin
         lo, hi = index * batch_size, min((index + 1) * batch_size, source.n_total)
         data = source.batch(index, lo, hi)
         x = _model_input(data, dtype)
-        if x.is_floating_point() and not torch.isfinite(x).all():
+        if x.is_floating_point() and not _all_finite(x):
             raise UserError(f"prompts {lo}..{hi - 1} contain NaN or Inf")
         x = x.to(device)
         result = {f"acts/{n}": None for n in rules}
@@ -735,7 +737,10 @@ def _stream(writer, run: RecordRun, progress: bool):
         with threads.beside(1), BackgroundWriter(min(DEPTH, len(run.probe_sets) - 1)) as background:
             for index in batches:
                 probes = run.probe_sets[index % len(run.probe_sets)]
-                data = run.first if (index == 0 and run.first is not None) else run.run_batch(index, probes, False)
+                if index == 0 and run.first is not None:
+                    data, run.first = run.first, None  # the writer's now: let go with it, its memory serves later batches
+                else:
+                    data = run.run_batch(index, probes, False)
                 acts = [k for k in data if k.startswith(("acts/", "baseline/acts/"))]
                 bytes_written += sum(data[k].nbytes for k in acts)
                 background.put(job(index, data, {k: run.dataset_attrs(k) for k in acts}, probes))

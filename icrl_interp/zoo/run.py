@@ -36,14 +36,16 @@ from .common import one_thread, params_inside
 SCHEMA = "icrl_interp.zoo/1"
 SETTINGS = {
     "default": {"tasks": 160, "bootstrap": 200, "causal_tasks": 96, "random_draws": 8, "max_step": 8,
-                "calibration_replicates": 0},
+                "calibration_replicates": 0, "causal_refits": 2},
     "full": {"tasks": 256, "bootstrap": 300, "causal_tasks": 256, "random_draws": 16, "max_step": 8,
-             "calibration_replicates": 100},
+             "calibration_replicates": 100, "causal_refits": 8},
 }
 """Sizes per set: tasks recorded for the verdict, bootstrap resamples, tasks and random directions of the causal
 test, the verdict's largest step k (8: the deepest teacher runs 2 layers x 4 steps), and the replicates per
 (teacher, noise) of the interval calibration run with the zoo (`calibration_block`; 0: none, so the default set
-stays fast; 100 x 4 cells cost about 300 CPU s). An optional `calibration_tasks` sets the tasks per replicate
+stays fast; 100 x 4 cells cost about 300 CPU s), and the causal test's refits of its directions (`causal_test`'s
+`refits`: its intervals hold how the fitted directions vary; the full set the command's default 8, the default set 2,
+so it stays fast). An optional `calibration_tasks` sets the tasks per replicate
 (tests; else `calibration.SETTINGS`)."""
 CALIBRATION_FILE = "calibration.json"
 CALIBRATION_KEYS = ("schema", "seed", "settings", "noises", "target", "interval", "cells", "summary", "seconds",
@@ -147,7 +149,11 @@ def _judge(entry: R.Entry, settings: dict, progress: bool) -> dict:
     if entry.truth.target_layer is not None:
         section = causal.causal_test(model, config, entry.truth.target_layer, roles=entry.probe_roles,
                                      tasks=settings["causal_tasks"], seed=entry.seed,
-                                     random_draws=settings["random_draws"], bootstrap=settings["bootstrap"])
+                                     random_draws=settings["random_draws"], bootstrap=settings["bootstrap"],
+                                     refits=settings.get("causal_refits", causal.DEFAULT_REFITS),
+                                     # the conclusion reads the selective test only: the random-init baseline and
+                                     # the steering curve would cost half the test's CPU and change no answer
+                                     baseline="none", steer=())
     fin = v.get("verdict") or {}
     label = label_of(v)
     inside = params_inside(entry.truth.params, fin.get("params"))

@@ -338,7 +338,7 @@ def test_memory_does_not_grow_with_the_number_of_prompts(tmp_path, monkeypatch):
 
     from icrl_interp.analyzers import probes as P
 
-    monkeypatch.setattr(P, "HELD_OUT_CACHE_BYTES", 0)
+    monkeypatch.setattr(P, "FILE_HELD_OUT_CACHE_BYTES", 0)
     peaks = []
     cfg = D.config_for("softmax-td", n_layers=2)
     for n in (64, 512):

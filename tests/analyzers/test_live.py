@@ -96,6 +96,17 @@ def test_cache_is_bounded_and_pass_two_recomputes(tmp_path, monkeypatch, held_bu
             assert rec.forward_batches + 1 == n_batches
 
 
+def test_batch_zero_runs_its_prompt_source_once(monkeypatch):
+    """Batch 0 as `prepare` ran it serves the reads of its prompt paths before the analysis reaches its
+    activations (the recording's checks read prompts/state first): the prompt source is not run for it again."""
+    drawn = []
+    batch = recorder.PromptSource.batch
+    monkeypatch.setattr(recorder.PromptSource, "batch", lambda self, index, *a: drawn.append(index) or batch(self, index, *a))
+    out = analyze_model(Net(), "linear-td", task_options=TASK, probe=ROLES, tasks=64, batch_size=16)
+    assert out["activations"]["layers"][0]["td_probe_r2"] is not None
+    assert drawn.count(0) == 1 and sorted(set(drawn)) == [0, 1, 2, 3]
+
+
 def test_record_also_analyze_writes_the_recording_and_its_analysis(tmp_path):
     ck = tmp_path / "ck"
     assert cli.main(["construct", "sarsa", "--out", str(ck)]) == 0

@@ -107,6 +107,24 @@ def test_residual_sums_by_hand():
     np.testing.assert_array_equal(got, [[0.0], [0.0 + 9.0]])  # exact
 
 
+def test_residual_sums_of_target_parts_are_those_of_the_joined_targets_bit_for_bit():
+    """Targets given as parts side by side (a probe's own and its partners': no joined copy) give the sums of the
+    joined array, and both the sums of the plain expression, bit for bit (float32 features, an intercept: a
+    residual formed as X coef - Y or without the intercept squares to other numbers); the inputs stay as given."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((5, 3, 4)).astype(np.float32)
+    Y1, Y2 = rng.standard_normal((5, 3, 2)), rng.standard_normal((5, 3, 3))
+    coef, b = rng.standard_normal((4, 5)), rng.standard_normal(5)
+    before = [a.copy() for a in (X, Y1, Y2)]
+    joined = np.concatenate([Y1, Y2], -1)
+    r = joined - (X.reshape(-1, 4) @ coef).reshape(5, 3, 5) - b
+    want = (r * r).sum(1)
+    np.testing.assert_array_equal(T.residual_sums(X, [Y1, Y2], coef, b), want)
+    np.testing.assert_array_equal(T.residual_sums(X, joined, coef, b), want)
+    for a, was in zip((X, Y1, Y2), before):
+        np.testing.assert_array_equal(a, was)
+
+
 def test_probe_accumulator_gates():
     acc = T.ProbeAccumulator(1, 1, k=2)
     X = np.arange(8.0).reshape(4, 2, 1)

@@ -190,11 +190,42 @@ def test_held_out_rows_kept_from_pass_one_score_exactly_as_a_second_read(tmp_pat
 
     path = record(tmp_path / "h.h5", with_delta(1), baseline=random_map(2), per_task=3)
     kept = analyze(path, chunk_mib=0.05)
-    monkeypatch.setattr(P, "HELD_OUT_CACHE_BYTES", budget)
+    monkeypatch.setattr(P, "FILE_HELD_OUT_CACHE_BYTES", budget)
     reread = analyze(path, chunk_mib=0.05)
     for a, b in zip(probes(kept), probes(reread)):
         assert a["per_task"] == b["per_task"] and a["selectivity_ci"] == b["selectivity_ci"]
         assert a["per_task"]["sse_random_init"] is not None and a["per_task"]["sse_input"] is not None
+
+
+def test_pattern_probes_score_from_their_query_row_alone(tmp_path, monkeypatch):
+    """Scoring a pattern probe reads the last query row only (`ProbeStream.held_select`): the features of the
+    selected part are those of the whole rows, and the sums from pass 1's kept rows equal those of a second read
+    of the file, which reads that row alone, bit for bit."""
+    import h5py
+
+    from icrl_interp.analyzers import probes as P, streams
+
+    path = D.write_recording(tmp_path / "s.h5", "softmax-td", n_prompts=96, batch=32,
+                             cfg=D.config_for("softmax-td", n_layers=2))
+    hook = "blocks.1.attn.hook_pattern"
+    with h5py.File(path) as f:
+        ds, n = f[f"acts/{hook}"], f["reference/td_errors"].shape[-1]
+        p = P.ProbeStream(hook, 1, ds, ds.shape[-1], n, 5, None)
+        full = ds[:8]
+    assert p.q_last > 0  # another row than the first: a selection that ignores q_last reads the wrong one
+    np.testing.assert_array_equal(p.features({"a": full[(slice(None), *p.held_select)]}, "a", held=True),
+                                  p.features({"a": full}, "a"))
+    kept = analyze(path, chunk_mib=0.05)
+    shapes, read = [], streams._read
+    monkeypatch.setattr(streams, "_read", lambda handles, idx: shapes.append({h[0]: h[3] for h in handles}) or
+                        read(handles, idx))
+    monkeypatch.setattr(P, "FILE_HELD_OUT_CACHE_BYTES", 0)
+    reread = analyze(path, chunk_mib=0.05)
+    pass2 = [s[f"acts/{hook}"] for s in shapes if f"acts/{hook}" in s]  # (the partners' targets are read alone)
+    assert pass2 and all(sel == p.held_select for sel in pass2)  # pass 2 ran, reading the row alone
+    a = kept["activations"]["layers"][1]["td_probe"][hook]
+    b = reread["activations"]["layers"][1]["td_probe"][hook]
+    assert a["per_task"] == b["per_task"] and a["selectivity_ci"] == b["selectivity_ci"] and a["n_test_tasks"] > 5
 
 
 def test_held_out_rows_that_will_not_fit_are_not_kept_from_the_first_chunk_on(tmp_path, monkeypatch):
@@ -213,7 +244,7 @@ def test_held_out_rows_that_will_not_fit_are_not_kept_from_the_first_chunk_on(tm
     total = states[-1][1]
     assert len(states) > 4 and all(kept for kept, _ in states)  # under the default budget: every chunk kept
     states.clear()
-    monkeypatch.setattr(P, "HELD_OUT_CACHE_BYTES", total // 2)
+    monkeypatch.setattr(P, "FILE_HELD_OUT_CACHE_BYTES", total // 2)
     analyze(path, chunk_mib=0.05)
     assert states[0][1] < total // 2 and not states[0][0]  # the first chunk fits, the projection does not
 

@@ -260,7 +260,8 @@ def test_random_draws_are_the_matched_erasures_on_a_linear_model():
     cfg = construct.task_config("linear-td", {"layers": 2, "n": 8})
     model, roles = LinearReadout(E, a), {"resid_post": "layer{layer}"}
     kw = dict(roles=roles, tasks=32, seed=3)
-    res = causal.causal_test(model, cfg, 0, random_draws=5, bootstrap=50, steer=(), baseline="none", **kw)
+    res = causal.causal_test(model, cfg, 0, random_draws=5, bootstrap=50, steer=(), baseline="none", refits=0,
+                             **kw)
     st = causal.prepare(model, cfg, 0, **kw)
     X = st.features[st.test_index]
 
@@ -290,6 +291,7 @@ def test_r2_after_says_whether_delta_is_left():
     assert abs(st.r2_after(st.erase("leace"))) < 0.02
     assert st.r2_after(st.erase("mean")) < st.probe["r2_test"] - 0.1  # the probe's own readout is gone
     res = causal.causal_test(model, cfg, 0, roles=roles, method="leace", tasks=48, random_draws=4, bootstrap=50,
+                             refits=0,
                              steer=(), baseline="none")
     after = res["erasure"]["r2_after"]
     assert after["before"] == res["direction"]["r2_test"]  # a copy
@@ -304,7 +306,7 @@ def test_random_directions_draw_reproducibly_from_the_seed():
     assert not np.allclose(a, causal.random_directions(7, 5, seed=4, layer=1))
     assert not np.allclose(a, causal.random_directions(7, 5, seed=3, layer=2))
     model, cfg = star("linear-td", layers=2, n=8)
-    kw = dict(tasks=16, random_draws=4, bootstrap=50, steer=(1.0,))
+    kw = dict(tasks=16, random_draws=4, bootstrap=50, steer=(1.0,), refits=0)
     first, again = causal.causal_test(model, cfg, 0, **kw), causal.causal_test(model, cfg, 0, **kw)
     assert json.dumps(first) == json.dumps(again)  # exact: the same computation rerun
     other = causal.causal_test(model, cfg, 0, seed=1, **kw)
@@ -314,7 +316,7 @@ def test_random_directions_draw_reproducibly_from_the_seed():
 def test_editing_the_last_layer_of_wang_changes_nothing():
     """Nothing reads the context columns after the last layer: effect exactly 0, interval covers 0."""
     model, cfg = star("linear-td", layers=3, n=8)
-    res = causal.causal_test(model, cfg, 2, tasks=16, random_draws=4, bootstrap=50, steer=(2.0,))
+    res = causal.causal_test(model, cfg, 2, tasks=16, random_draws=4, bootstrap=50, steer=(2.0,), refits=0)
     out = res["erasure"]["output_change"]
     # exact: the forward passes differ by rounding alone (1e-17 on some kernels), below the rounding floor
     assert out["td"]["mean"] == 0.0 and out["td"]["ci"][0] <= 0.0 <= out["td"]["ci"][1]
@@ -325,7 +327,8 @@ def test_editing_the_last_layer_of_wang_changes_nothing():
     # no edit moves the output, so the site cannot answer: inconclusive, whatever the intervals (all [0, 0])
     assert res["conclusion"] == "inconclusive" and "no edit at this site changes the output" in res["conclusion_reason"]
     assert "layer 2 is the last of 3" in res["conclusion_reason"]
-    earlier = causal.causal_test(model, cfg, 1, tasks=16, random_draws=4, bootstrap=50, steer=(), baseline="none")
+    earlier = causal.causal_test(model, cfg, 1, tasks=16, random_draws=4, bootstrap=50, steer=(), baseline="none",
+                                 refits=0)
     assert not any("last of" in n for n in earlier["notes"])
     assert "no edit at this site" not in earlier["conclusion_reason"]
 
@@ -351,7 +354,7 @@ def test_a_model_whose_output_ignores_the_direction_gives_zero_effect():
     u = np.random.default_rng(0).standard_normal(6)
     cfg = construct.task_config("linear-td", {"layers": 2, "n": 8})
     res = causal.causal_test(IgnoresU(u), cfg, 0, roles={"resid_post": "layer{layer}"}, direction=u, tasks=32,
-                             random_draws=8, bootstrap=200, steer=(1.0,))
+                             random_draws=8, bootstrap=200, steer=(1.0,), refits=0)
     out = res["erasure"]["output_change"]
     assert res["direction"]["source"] == "given" and res["direction"]["width"] == 6
     # exact: the output reads u only through the rounding of u.(I - u u^T) (1e-17), below the rounding floor
@@ -395,7 +398,7 @@ def test_output_changes_below_the_rounding_floor_are_zero(factor):
     floor = float_tol(torch.float64, st.base, k=64)  # the documented floor, computed here independently
     a = a0 * factor * floor / max(change(e, a0).max() for e in erasures)
     res = causal.causal_test(LinearReadout(E, a), cfg, 0, random_draws=4, bootstrap=50, steer=(), baseline="none",
-                             **kw)
+                             refits=0, **kw)
     out = res["erasure"]["output_change"]
     moved = [n for n in res["notes"] if "no edit" in n and "changed the output" in n]
     if factor < 1:
@@ -419,7 +422,7 @@ def test_compare_on_known_numbers():
 
 def test_theta_star_td_direction_beats_random_when_steering():
     model, cfg = star("linear-td", layers=3, n=12)
-    res = causal.causal_test(model, cfg, 0, tasks=48, random_draws=8, bootstrap=200, steer=(2.0,))
+    res = causal.causal_test(model, cfg, 0, tasks=48, random_draws=8, bootstrap=200, steer=(2.0,), refits=0)
     point = res["steering"][0]
     assert point["td"]["change"] > point["random"]["band"][1] and point["ratio"] > 1.5
 
@@ -448,7 +451,7 @@ def test_the_baseline_runs_the_identical_test():
     cfg = construct.task_config("linear-td", {"layers": 2, "n": 8})
     model = SpareOnly()
     res = causal.causal_test(model, cfg, 0, roles={"resid_post": "layer{layer}"}, tasks=32, random_draws=6,
-                             bootstrap=100, steer=(1.0,))
+                             bootstrap=100, steer=(1.0,), refits=0)
     base = res["baseline"]
     assert base["kind"] == "random-init" and base["seed"] == 0 and base["reset_modules"] == 1
     assert not torch.equal(random_init_copy(model, 0)[0].spare.weight, model.spare.weight)  # it is redrawn
@@ -463,7 +466,7 @@ def test_the_baseline_runs_the_identical_test():
     assert cmp["exceeds_random_init"].startswith("no: the paired difference's interval includes 0")
     assert cmp["probe_exceeds_random_init"].startswith("no: the paired difference's interval includes 0")
     none = causal.causal_test(model, cfg, 0, roles={"resid_post": "layer{layer}"}, tasks=32, random_draws=6,
-                              bootstrap=100, steer=(1.0,), baseline="none")
+                              bootstrap=100, steer=(1.0,), baseline="none", refits=0)
     assert "baseline" not in none and json.dumps(none) == json.dumps({k: v for k, v in res.items() if k != "baseline"})
     with pytest.raises(UserError, match="--baseline 'trained'"):
         causal.causal_test(model, cfg, 0, roles={"resid_post": "layer{layer}"}, baseline="trained")
@@ -474,7 +477,7 @@ def test_theta_star_exceeds_its_random_init_copy():
     than the random-init copy's probe direction does (absolute excess, intervals apart). The random-init
     copy of this architecture varies with its seed (docs/causal.md); this is seed 0."""
     model, cfg = star("linear-td", layers=3, n=30)
-    res = causal.causal_test(model, cfg, 0, tasks=256, random_draws=8, bootstrap=200, steer=(2.0,))
+    res = causal.causal_test(model, cfg, 0, tasks=256, random_draws=8, bootstrap=200, steer=(2.0,), refits=0)
     cmp = res["baseline"]["comparison"]
     assert cmp["exceeds_random_init"].startswith("yes: the paired difference lies above 0"), cmp["exceeds_random_init"]
     assert cmp["erasure"]["output_change"]["difference"]["ci"][0] > 0
@@ -557,12 +560,13 @@ def test_cli_on_a_checkpoint_and_on_a_user_model(files, capsys):
     d = files
     code, out, err = _cli(capsys, d / "star", "--layer", "0", "--tasks", "16", "--random-draws", "4",
                           "--bootstrap", "50", "--steer", "-1", "1", "--json", d / "c.json", "--figure", d / "c.png",
-                          "--interchange", "transition")
+                          "--interchange", "transition", "--refits", "0")
     assert code == 0, err
     doc = json.loads((d / "c.json").read_text())
     sec = doc["causal"]
     assert sec["conclusion"] in causal.ANSWERS and f"conclusion: {sec['conclusion_reason']}" in out
     assert sec["selective"]["selectivity"]["ci"] is not None and "selective probe" in out
+    assert sec["selective"]["refits"] == 0  # the flag reaches the test
     ic = sec["interchange"]  # theta* runs the reference: a changed successor transfers its predicted change
     assert ic["change"] == "transition" and ic["candidates"]["reference"]["correlation"]["mean"] > 0.9
     assert "interchange (transition, context patched): reference: R²" in out
@@ -573,7 +577,8 @@ def test_cli_on_a_checkpoint_and_on_a_user_model(files, capsys):
     assert "exceeds random init (erasure):" in out and "random-init copy (seed 0)" in out
     # a second run replaces its own JSON and figure; a file of the user's at those paths is refused
     code, out, err = _cli(capsys, d / "star", "--layer", "0", "--tasks", "16", "--random-draws", "4",
-                          "--bootstrap", "50", "--baseline", "none", "--json", d / "c.json", "--figure", d / "c.png")
+                          "--bootstrap", "50", "--baseline", "none", "--json", d / "c.json", "--figure", d / "c.png",
+                          "--refits", "0")
     assert code == 0, err
     (d / "mine.png").write_bytes(b"\x89PNG\r\n\x1a\n not ours")
     code, out, err = _cli(capsys, d / "star", "--layer", "0", "--figure", d / "mine.png")
@@ -582,9 +587,10 @@ def test_cli_on_a_checkpoint_and_on_a_user_model(files, capsys):
     code, out, err = _cli(capsys, "--model", f"{d}/m.py:build", "--task", "linear-td", "--d", "4", "--n", "8",
                           "--probe", d / "roles.toml", "--layer", "1", "--tasks", "16", "--random-draws", "4",
                           "--bootstrap", "50", "--steer", "--method", "leace", "--baseline", "none",
-                          "--json", d / "u.json")
+                          "--json", d / "u.json", "--refits", "2")
     assert code == 0, err
     sec = json.loads((d / "u.json").read_text())["causal"]
+    assert sec["selective"]["refits"] == 2 and "refit_sd" in sec["selective"]["erasure"]["minus_input_explained"]
     assert "baseline" not in sec and "random-init copy" not in out
     assert sec["module"] == "layers.1" and sec["direction"]["width"] == 12 and sec["method"] == "leace"
     assert sec["model"]["family"] is None and sec["steering"] == []

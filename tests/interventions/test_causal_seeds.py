@@ -10,7 +10,7 @@ from icrl_interp.interventions import causal
 from icrl_interp.models import construct, theta_star_model
 
 TASKS = 16
-KW = dict(tasks=TASKS, random_draws=3, bootstrap=20, steer=(1.0,), baseline="none")
+KW = dict(tasks=TASKS, random_draws=3, bootstrap=20, steer=(1.0,), baseline="none", refits=0)
 
 
 @pytest.fixture(scope="module")

@@ -62,7 +62,7 @@ def test_causal_test_crossfit_concludes_on_all_tasks_and_default_is_unchanged(li
     seen, decide = [], conclusion.decide
     monkeypatch.setattr(conclusion, "decide", lambda crit, n, frac, *a, **k: seen.append((n, frac)) or decide(
         crit, n, frac, *a, **k))
-    kw = dict(roles=roles, tasks=20, seed=3, random_draws=4, bootstrap=50, steer=(), baseline="none")
+    kw = dict(roles=roles, tasks=20, seed=3, random_draws=4, bootstrap=50, steer=(), baseline="none", refits=0)
     plain = causal.causal_test(model, cfg, 0, **kw)
     cross = causal.causal_test(model, cfg, 0, crossfit=True, **kw)
     assert seen == [(10, 0.5), (20, 1.0)]  # exact: counts and the fractions passed

@@ -266,7 +266,8 @@ def test_probe_iteration_of_each_hook():
 def test_defaults_of_the_causal_test():
     p = inspect.signature(causal.causal_test).parameters
     want = {"method": "mean", "direction": "probe", "tasks": 256, "test_fraction": 0.5, "seed": 0,
-            "random_draws": 32, "steer": (-2.0, -1.0, 1.0, 2.0), "bootstrap": 1000, "baseline": "random-init"}
+            "random_draws": 32, "steer": (-2.0, -1.0, 1.0, 2.0), "bootstrap": 1000, "baseline": "random-init",
+            "refits": 8, "crossfit": False}
     assert {k: p[k].default for k in want} == want
     assert causal.MIN_TASKS == 8 and causal.FOLDS == 5
     cv = inspect.signature(causal_verdict.causation).parameters
@@ -316,7 +317,7 @@ def test_argument_gates(linear):
     for bad in (0.0, 1.0):
         with pytest.raises(UserError, match="test fraction must lie in"):
             causal.prepare(model, cfg, 0, roles=roles, tasks=8, test_fraction=bad)
-    kw = dict(roles=roles, tasks=8, steer=(), baseline="none")
+    kw = dict(roles=roles, tasks=8, steer=(), baseline="none", refits=0)
     with pytest.raises(UserError, match="--random-draws must be an integer >= 2"):
         causal.causal_test(model, cfg, 0, random_draws=1, bootstrap=10, **kw)
     with pytest.raises(UserError, match="--bootstrap must be an integer >= 10"):
@@ -624,7 +625,7 @@ def test_measure_signed_change_value_error_and_leace_by_hand(linear):
 def test_causal_test_section_fields(linear):
     model, cfg, roles = linear
     res = causal.causal_test(model, cfg, 0, roles=roles, tasks=16, random_draws=3, bootstrap=20, steer=(1.0,),
-                             baseline="none", seed=1)
+                             baseline="none", seed=1, refits=0)
     st = causal.prepare(model, cfg, 0, roles=roles, tasks=16, seed=1)
     assert res["tasks"] == {"train": st.train_index.size, "test": st.test_index.size, "prompt_seed": 1,
                             "split_seed": 1}
@@ -642,7 +643,7 @@ def test_given_roles_win_over_the_probe_specs(linear, tmp_path):
     model, cfg, roles = linear
     spec = tmp_path / "spec.toml"
     spec.write_text('[roles]\nresid_post = "nothing{layer}"\n')
-    kw = dict(tasks=8, random_draws=2, bootstrap=10, steer=(), baseline="none")
+    kw = dict(tasks=8, random_draws=2, bootstrap=10, steer=(), baseline="none", refits=0)
     res = causal.causal_test(model, cfg, 0, roles=roles, probe=spec, **kw)  # the spec's roles are not read
     assert res["module"] == "layer0"
     with pytest.raises(UserError):

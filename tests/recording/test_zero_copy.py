@@ -49,14 +49,13 @@ def test_float32_hooks_go_to_the_writer_uncopied():
         data = run.run_batch(1, run.probe_sets[1])
         buffers = run.probe_sets[1][0].buffers
         hooks = [k[5:] for k in data if k.startswith("acts/")]
-        assert hooks and buffers.direct_ok == {h: True for h in hooks}
+        assert hooks and set(buffers.direct) == set(hooks) and buffers.direct_ok == {}  # none copied
         assert not buffers.arrays  # nothing copied in this set: no buffer was even allocated
         for h in hooks:
             assert data[f"acts/{h}"].base is not None and data[f"acts/{h}"].shape[0] == 4
         first = run.probe_sets[0][0].buffers
-        assert set(first.arrays) == set(hooks)  # batch 0 (run by prepare) was copied, its tensors watched
-        run.run_batch(2, run.probe_sets[0])
-        assert not first.arrays  # set 0 reused uncopied: its copy buffers are let go (one batch per set)
+        assert not first.arrays and set(first.direct) == set(hooks)  # batch 0 (run by prepare) too, watched
+        assert set(first.watched) == set(hooks)
 
 
 def test_copied_batches_are_written_from_their_own_buffers_while_the_forward_runs_ahead(tmp_path, monkeypatch):
@@ -99,13 +98,13 @@ def test_copied_batches_are_written_from_their_own_buffers_while_the_forward_run
 
 class WritesBack(Net):
     """The last block's output (hooked as its resid_post) is written in place after the hook ran: by the same
-    forward pass from its third call on ('now'), or by the next forward pass ('later', a module keeping its last
-    output). The model's output is computed before, so it is the plain Net's."""
+    forward pass from its `start`-th call on ('now'), or by the next forward pass ('later', a module keeping its
+    last output). The model's output is computed before, so it is the plain Net's."""
 
-    def __init__(self, when: str):
+    def __init__(self, when: str, start: int = 3):
         torch.manual_seed(0)
         super().__init__()
-        self.when, self.calls, self.kept = when, 0, None
+        self.when, self.start, self.calls, self.kept = when, start, 0, None
 
     def forward(self, z):
         self.calls += 1
@@ -113,7 +112,7 @@ class WritesBack(Net):
         for b in self.blocks:
             x = b(x)
         y = self.head(self.ln_f(x))
-        if self.when == "now" and self.calls >= 3:
+        if self.when == "now" and self.calls >= self.start:
             x.mul_(-1.0)
         if self.when == "later":
             if self.kept is not None:
@@ -127,8 +126,9 @@ def _record(model, path):
                                  progress=False, baseline="none")
 
 
-def test_an_activation_written_in_place_after_its_hook_is_recorded_as_the_hook_saw_it(tmp_path):
-    model = WritesBack("now")
+@pytest.mark.parametrize("start", [1, 3])  # from the first batch (run before the file exists) or a later one
+def test_an_activation_written_in_place_after_its_hook_is_recorded_as_the_hook_saw_it(tmp_path, start):
+    model = WritesBack("now", start)
     _record(model, tmp_path / "r.h5")
     plain = Net()
     plain.load_state_dict(model.state_dict())
@@ -141,7 +141,7 @@ def test_an_activation_written_in_place_after_its_hook_is_recorded_as_the_hook_s
         got = r.read("blocks.1.hook_resid_post")
     # the same float32 kernels on the same rows; a negated batch differs by O(1)
     np.testing.assert_allclose(got, x.numpy(), rtol=0, atol=64 * np.finfo(np.float32).eps * float(x.abs().max()))
-    assert model.calls == 24 // 4 + 1  # exact: 6 batches, and batch 2 once more when the in-place write showed up
+    assert model.calls == 24 // 4 + 1  # exact: 6 batches, and one once more when the in-place write showed up
 
 
 def test_a_model_writing_into_an_earlier_batchs_activation_is_refused(tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ from icrl_interp.recording.recorder import record_model
 from icrl_interp.report import ReportConfig, batch, build_report
 from icrl_interp.report.headline import text_table
 
-SMALL = dict(tasks=24, random_draws=4, bootstrap=50, steer=[-1.0, 1.0])
+SMALL = dict(tasks=24, random_draws=4, bootstrap=50, steer=[-1.0, 1.0], refits=0)
 """A causal test small enough for a unit test (the numbers only have to travel, not to be precise)."""
 
 
