@@ -5,7 +5,8 @@ say whether the activations carry more than their input (`td_probe` holds the st
 `ProbeSet` is fed the analyzer's chunks (pass 1: fold statistics of every probe and of the input
 baseline, which share their targets by context columns, `ColumnGroup`), then `finish` fits them and
 scores the held-out prompts (kept from pass 1, or read once more where they outgrow
-HELD_OUT_CACHE_BYTES live, FILE_HELD_OUT_CACHE_BYTES from a file) for the per-task sums the bootstrap interval of the selectivity resamples. The registered analyzer 'probes' puts, per layer, every probe
+HELD_OUT_CACHE_BYTES live, FILE_HELD_OUT_CACHE_BYTES from a file) for the per-task sums the bootstrap
+interval of the selectivity resamples. The registered analyzer 'probes' puts, per layer, every probe
 (`td_probe`: {hook: probe}) and the headline probe's numbers (`td_probe_r2`, `td_probe_selectivity`,
 ...) of the task family's primary hook (`Hints.primary_probe`).
 """
@@ -296,10 +297,9 @@ class ProbeSet:
     HELD_OUT_CACHE_BYTES (live) or FILE_HELD_OUT_CACHE_BYTES (a file), so scoring reads nothing again (a live
     analysis runs no second forward pass); a larger held-out set is read once more instead (pass 2: only the
     probes' datasets, that same part of them, only those rows, and the partners' targets), so memory stays flat
-    in the number of prompts. Both give the
-    same sums from the same rows in the same order: bit for bit on the test recordings, within float64 rounding
-    in general (an interval bound of the 1.19 GB benchmark recording differed by 2e-16, before the pattern's row
-    selection too).
+    in the number of prompts. Both give the same sums from the same rows in the same order: bit for bit on the
+    test recordings, within float64 rounding in general (an interval bound of the 1.19 GB benchmark recording
+    differed by 2e-16, before the pattern's row selection too).
     """
 
     def __init__(self, f, N: int, pos: int, n: int, opts, live: bool = False):
@@ -375,14 +375,16 @@ class ProbeSet:
 
     @property
     def held_select(self) -> dict:
-        """{path: the part of its rows scoring reads} where that is less than the whole row (`ProbeStream.held_select`)."""
+        """{path: the part of its rows scoring reads} where that is less than the whole row
+        (`ProbeStream.held_select`)."""
         return {x: p.held_select for p in self.probes.values() if p.held_select is not None
                 for x in (p.path, p.base_path) if x}
 
     def _keep_held(self, data: dict, held: np.ndarray, split: "ChunkSplit", seen: int) -> None:
         """Copy the chunk's held-out rows for scoring (`finish`) while all of them will fit in
-        HELD_OUT_CACHE_BYTES (live; FILE_HELD_OUT_CACHE_BYTES from a file): the bytes kept per prompt seen so far, times the recording's prompts (the split
-        is a hash of the task ids, so the share held out is the same in every stretch). A recording that will
+        HELD_OUT_CACHE_BYTES (live; FILE_HELD_OUT_CACHE_BYTES from a file): the bytes kept per prompt seen so far,
+        times the recording's prompts (the split is a hash of the task ids, so the share held out is the same in
+        every stretch). A recording that will
         not fit keeps nothing from its first chunk on, so its peak memory does not carry a cache to be dropped."""
         if self.held is None:
             return

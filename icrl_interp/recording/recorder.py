@@ -738,7 +738,8 @@ def _stream(writer, run: RecordRun, progress: bool):
             for index in batches:
                 probes = run.probe_sets[index % len(run.probe_sets)]
                 if index == 0 and run.first is not None:
-                    data, run.first = run.first, None  # the writer's now: let go with it, its memory serves later batches
+                    # the writer's now: let go of it here, so its memory serves later batches
+                    data, run.first = run.first, None
                 else:
                     data = run.run_batch(index, probes, False)
                 acts = [k for k in data if k.startswith(("acts/", "baseline/acts/"))]
