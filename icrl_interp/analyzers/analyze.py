@@ -317,7 +317,9 @@ def analyze_model(model, task, *, task_options: dict | None = None, probe=None, 
     name = name or type(model).__name__
     with open_live(model, spec, source, name=name, out=out, batch_size=batch_size, baseline=baseline,
                    checkpoint_sha256=checkpoint_sha256, outputs="require", progress=progress, device=device) as rec, \
-            td_probe.on_device(next((p.device for p in model.parameters()), None)):  # a GPU model: probes' GEMMs there
+            td_probe.on_device(next((p.device for p in model.parameters()), None)), \
+            threads.beside(1):  # probes' GEMMs on a GPU model's device; torch one core short: the reader thread's
+        # forward passes run beside the analysis (its BLAS pools stay those of `analyze`: the same rounding as a file's)
         result = analyze_open(rec, opts, source=name, kind="live")
         n_batches = rec.f.run.n_batches
         result["live"] = {

@@ -344,7 +344,7 @@ def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False) -> Ite
     chunk_bytes = rows * sum(int(np.prod(ds.shape[1:])) * ds.dtype.itemsize for ds, _ in handles.values())
     trim = (heap.release_free_memory if TRIM_SLACK is None  # chunk_bytes as read: bfloat16 counts 2 bytes
             else heap.OnGrowth(int(TRIM_SLACK * chunk_bytes)))
-    chunks = threads.ahead(read, range(0, N, rows))  # the next chunk read meanwhile
+    chunks = threads.ahead(read, range(0, N, rows), getattr(rec, "read_ahead", 1))  # the next chunks read meanwhile
     try:
         ahead.hint(0, rows)
         for start, stop, data in chunks:

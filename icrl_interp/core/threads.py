@@ -97,23 +97,28 @@ def beside(busy: int = 1):
             torch.set_num_threads(before)
 
 
-def ahead(fn, items):
-    """`fn(item)` for each item, in order; with a core to spare (`target(allowed_cores())` > 1) the next item's
-    is computed in a thread while the caller works on this one (the analyzers' reads: h5py releases the GIL while
-    HDF5 reads, so reading chunk k + 1 overlaps the analysis of chunk k, at the cost of one result more in
-    memory). An error of `fn` is raised at its item; none of `fn` runs after the caller stops."""
+def ahead(fn, items, depth: int = 1):
+    """`fn(item)` for each item, in order; with a core to spare (`target(allowed_cores())` > 1) the next `depth`
+    items' are computed in a thread while the caller works on this one (the analyzers' reads: h5py releases the
+    GIL while HDF5 reads, so reading chunk k + 1 overlaps the analysis of chunk k, at the cost of `depth` results
+    more in memory; a live recording reads two ahead, `Recording.read_ahead`). An error of `fn` is raised at its
+    item; none of `fn` runs after the caller stops."""
     items = list(items)
     if target(allowed_cores()) <= 1 or len(items) < 2:
         yield from (fn(item) for item in items)
         return
+    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
+    depth = max(1, int(depth))
     pool = ThreadPoolExecutor(1, thread_name_prefix="icrl-interp-reader")
     try:
-        pending = pool.submit(fn, items[0])
-        for nxt in items[1:]:
-            done, pending = pending.result(), pool.submit(fn, nxt)
+        pending = deque(pool.submit(fn, item) for item in items[:depth])
+        for nxt in items[depth:]:
+            done = pending.popleft().result()
+            pending.append(pool.submit(fn, nxt))
             yield done
-        yield pending.result()
+        while pending:
+            yield pending.popleft().result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # no read outlives the caller's file handles

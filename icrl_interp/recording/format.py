@@ -371,6 +371,10 @@ class Recording:
     Opening checks that the file is whole (`open_checked`) and reads all its metadata once, so a
     truncated or corrupt file is a one-line UserError at once (docs/integrity.md)."""
 
+    read_ahead = 1
+    """Chunks the analyzers' reader thread reads ahead of the analysis (`threads.ahead`): a file's chunks are large
+    and each costs about the same read, so one suffices."""
+
     def __init__(self, path, allow_incomplete: bool = False):
         self.path = Path(path)
         if not self.path.exists():

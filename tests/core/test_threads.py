@@ -135,24 +135,64 @@ def test_ahead_gives_every_result_in_order_and_reads_the_next_meanwhile(monkeypa
     assert got == [0, 1, 4, 9, 16] and not _readers()
 
 
-def test_ahead_raises_at_the_failing_item_and_runs_nothing_after_the_caller_stops(monkeypatch):
+@pytest.mark.parametrize("depth", [1, 2])
+def test_ahead_raises_at_the_failing_item_and_runs_nothing_after_the_caller_stops(monkeypatch, depth):
+    """`depth` items computed while the caller holds one (2: a live recording's `read_ahead`), results in order, an
+    error at its own item, nothing started after the caller stops beyond what was already queued."""
     monkeypatch.setattr(threads, "allowed_cores", lambda: 2)
     monkeypatch.delenv(threads.ENV, raising=False)
-    ran = []
+    started = []
 
     def fn(i):
-        ran.append(i)
-        if i == 2:
+        started.append(i)
+        if i == 4:
             raise OSError("bad chunk")
-        return i
+        return -i
 
     got = []
     with pytest.raises(OSError, match="bad chunk"):
-        for x in threads.ahead(fn, range(6)):
+        for x in threads.ahead(fn, range(7), depth=depth):
+            want = min(len(got) + 1 + depth, 7)  # this item and the `depth` after it
+            deadline = time.monotonic() + 5
+            while len(started) < want and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert len(started) == want, (got, started)
             got.append(x)
-    assert got == [0, 1] and ran == [0, 1, 2] and not _readers()
-    ran.clear()
-    gen = threads.ahead(fn, [10, 11, 12, 13])
-    assert next(gen) == 10
-    gen.close()  # the caller stops: the item read ahead finishes if it started, no other starts
-    assert ran in ([10], [10, 11]) and not _readers()
+    assert got == [0, -1, -2, -3] and not _readers()
+    started.clear()
+    gen = threads.ahead(fn, [10, 11, 12, 13, 14], depth=depth)
+    assert next(gen) == -10
+    gen.close()  # the caller stops: the items queued finish if they started, no other starts
+    assert set(started) <= set(range(10, 11 + depth)) and not _readers()
+
+
+def test_a_live_analysis_shares_the_cores_with_its_reader_thread(monkeypatch):
+    """The forward passes of a live analysis run in the reader thread with torch one core short (`beside(1)`: the
+    analyzers work in the caller meanwhile), and the pool is restored after; kills dropping it from `analyze_model`."""
+    monkeypatch.setattr(threads, "allowed_cores", lambda: 4)
+    monkeypatch.delenv(threads.ENV, raising=False)
+    model = analyze_mod_model()
+    seen = []
+    handle = model.register_forward_hook(lambda *a: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        analyze_mod.analyze_model(model, "linear-td", task_options={"d": 2, "n": 4}, tasks=24, batch_size=4,
+                                  baseline="none")
+        assert torch.get_num_threads() == 4
+    finally:
+        handle.remove()
+        torch.set_num_threads(before)
+    assert len(seen) > 1 and set(seen[1:]) == {3}  # batch 0 is run by prepare(), before the analysis starts
+
+
+def test_a_live_analysis_reads_two_chunks_ahead(monkeypatch):
+    """The analyzers' chunk reader takes its depth from the recording (`read_ahead`): a live one's chunks are lumpy
+    (one runs a forward pass, the next finds it cached), so it reads two ahead; kills the reader ignoring it."""
+    monkeypatch.setattr(threads, "allowed_cores", lambda: 2)
+    monkeypatch.delenv(threads.ENV, raising=False)
+    depths, real = [], threads.ahead
+    monkeypatch.setattr(threads, "ahead", lambda fn, items, depth=1: depths.append(depth) or real(fn, items, depth))
+    analyze_mod.analyze_model(analyze_mod_model(), "linear-td", task_options={"d": 2, "n": 4}, tasks=24, batch_size=4,
+                              baseline="none")
+    assert depths and set(depths) == {2}
