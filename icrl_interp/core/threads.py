@@ -99,10 +99,10 @@ def beside(busy: int = 1):
 
 def ahead(fn, items, depth: int = 1):
     """`fn(item)` for each item, in order; with a core to spare (`target(allowed_cores())` > 1) the next `depth`
-    items' are computed in a thread while the caller works on this one (the analyzers' reads: h5py releases the
-    GIL while HDF5 reads, so reading chunk k + 1 overlaps the analysis of chunk k, at the cost of `depth` results
-    more in memory; a live recording reads two ahead, `Recording.read_ahead`). An error of `fn` is raised at its
-    item; none of `fn` runs after the caller stops."""
+    items are computed in a thread while the caller works on this one (the analyzers' reads: h5py releases the GIL
+    while HDF5 reads, so reading chunk k + 1 overlaps the analysis of chunk k, at the cost of `depth` results more
+    in memory; a live recording reads two ahead, `Recording.read_ahead`). An error of `fn` is raised at its item;
+    none of `fn` runs after the caller stops, beyond the items already queued."""
     items = list(items)
     if target(allowed_cores()) <= 1 or len(items) < 2:
         yield from (fn(item) for item in items)
