@@ -175,7 +175,9 @@ def test_a_task_whose_worker_always_dies_is_lost_not_hung(cluster):
         _wait_for_workers(cluster, 2)
 
 
-def _wait_for_workers(engine, n: int, timeout: float = 60) -> None:
+def _wait_for_workers(engine, n: int, timeout: float = 240) -> None:
+    """Until `n` workers are up: a worker restarted by its nanny after a kill imports torch and the package again,
+    which took over 60 s on a slow shared machine with one BLAS thread (waiting longer passes nothing that fails)."""
     engine.client.wait_for_workers(n, timeout=timeout)
 
 
