@@ -1,7 +1,7 @@
 """Thread discipline (icrl_interp/core/threads.py): every BLAS / OpenMP pool and torch's intra-op pool at
 most the cores the process may use, inside the analyzers' entry points, and restored afterwards; one core
-fewer for torch beside the recorder's writer thread (`beside`); the analyzers' reads one item ahead in a
-thread only where a core is spare (`ahead`)."""
+fewer for torch beside the recorder's writer thread and a live analysis's reader (`beside`); the analyzers' reads one
+item ahead (a live recording's two) in a thread only where a core is spare (`ahead`)."""
 from __future__ import annotations
 
 import json
