@@ -6,18 +6,21 @@ Three criteria, each read from a 95% percentile bootstrap interval over held-out
 resamples of the same tasks; by default each resample also reads one of the directions refitted on resampled
 training tasks, so the intervals hold the fit's variation: `experiment.measure_selective`'s `refits`):
 
-1. **selective probe**: the layer carries the part of delta the prompt does not explain (selectivity);
+1. **selective probe**: the layer carries the part of delta the prompt does not explain (selectivity), at least
+   MIN_SELECTIVITY of it;
 2. **beats random**: erasing the selective direction moves the output more than erasing variance-matched random
    directions (the paired per-task excess);
-3. **beats the input**: erasing the selective direction moves the output more than erasing the input-explained
-   direction (the paired per-task difference), so the effect is not the reward's.
+3. **against the input**: erasing the selective direction moves the output at least INPUT_SHARE (3/4) as much as
+   erasing the same variance along the input-explained direction (the paired per-task difference
+   selective - INPUT_SHARE x input-explained, `against_input`), so the effect is not mostly the reward's.
 
-"yes" needs every lower bound above 0 (an intersection of three tests, so no multiplicity correction is needed
-for a "yes"). "no" needs one criterion whose whole interval lies at or below its negligible size: the
-selectivity below NEGLIGIBLE_SELECTIVITY, the excess over random below NEGLIGIBLE_EXCESS times the random
-directions' mean effect, the difference to the input-explained direction at or below 0. "no" is checked first,
-so an interval that is above 0 yet wholly negligible is a "no". Anything else is "inconclusive", with how many
-held-out tasks would likely resolve it (`more_tasks`).
+"yes" needs every lower bound above its bound: the selectivity's above MIN_SELECTIVITY, the other two above 0 (an
+intersection of three tests, so no multiplicity correction is needed for a "yes"). "no" needs one criterion whose
+whole interval lies at or below its negligible size: the selectivity below NEGLIGIBLE_SELECTIVITY, the excess over
+random below NEGLIGIBLE_EXCESS times the random directions' mean effect, the selective effect at or below
+INPUT_SHARE times the input-explained one. "no" is checked first, so an interval that is above 0 yet wholly
+negligible is a "no". Anything else is "inconclusive", with how many held-out tasks would likely resolve it
+(`more_tasks`).
 """
 from __future__ import annotations
 
@@ -25,13 +28,31 @@ import math
 
 NEGLIGIBLE_SELECTIVITY = 0.02
 """A selectivity interval wholly below this: the layer carries no selective TD information ("no")."""
+MIN_SELECTIVITY = 0.2
+"""A "yes" needs the selectivity's interval wholly above this: the layer carries at least a fifth of the variance
+of the part of delta the prompt does not explain. A model that runs TD at the layer computes delta there (the
+zoo's layer-targeted mimics: 0.49-0.61, lower bounds 0.45 and up, at 512 tasks); a decoy that computes an error
+without bootstrapping there (the trained reward-regression decoys) leaks a little of it, 0.06-0.10 (upper bounds
+0.126 at most), and may also beat random directions, so a selectivity merely above 0 does not separate them.
+Between the two bounds the answer is "inconclusive". Chosen on zoo seeds 0-4 with INPUT_SHARE, frozen before seed 5
+was scored (docs/causal.md, "The input share and the selectivity floor")."""
 NEGLIGIBLE_EXCESS = 0.1
 """An excess over random directions whose interval lies wholly below this fraction of the random directions' mean
 effect: the selective direction matters no more than a random one of its size ("no")."""
+INPUT_SHARE = 0.75
+"""The share of the input-explained erasure's effect (the same variance erased) that the selective erasure must
+exceed. TD's update reads the whole delta, its reward part and its bootstrapped part alike, so nothing in TD makes
+the selective part matter more per unit of variance than the input-explained part: a share of 1 (the rule before
+it) left models that carry delta selectively but weigh the two parts about alike inconclusive however many tasks
+they got. A model whose output moves mostly through the reward falls below. Chosen on zoo seeds 0-4 (the ratio of
+the two effects: 1.00-3.53 for the 15 layer-targeted mimics; 0.08-0.49 for five of the six trained decoys whose
+selectivity holds, 1.22 for the sixth, which MIN_SELECTIVITY stops) and frozen before the fresh seed 5 was scored
+(docs/causal.md, "The input share and the selectivity floor")."""
 MAX_FACTOR = 100.0
 """An inconclusive answer that would need more than this many times the held-out tasks gets no estimate."""
-THRESHOLDS = {"level": 0.95, "negligible_selectivity": NEGLIGIBLE_SELECTIVITY,
-              "negligible_excess_fraction_of_random": NEGLIGIBLE_EXCESS, "max_factor": MAX_FACTOR}
+THRESHOLDS = {"level": 0.95, "negligible_selectivity": NEGLIGIBLE_SELECTIVITY, "min_selectivity": MIN_SELECTIVITY,
+              "negligible_excess_fraction_of_random": NEGLIGIBLE_EXCESS, "input_share": INPUT_SHARE,
+              "max_factor": MAX_FACTOR}
 """The frozen thresholds, as the JSON's `conclusion_detail.thresholds` quotes them."""
 ANSWERS = ("yes", "no", "inconclusive")
 
@@ -53,16 +74,22 @@ def _factor(st: dict, yes_at: float, no_at: float) -> float | None:
     return min(f) if f else None
 
 
+def against_input(selective, input_explained):
+    """Per task: |Δ output| of the selective erasure minus INPUT_SHARE times that of the size-matched input-explained
+    erasure (arrays of the same shape); the third criterion's statistic."""
+    return selective - INPUT_SHARE * input_explained
+
+
 def criteria(selectivity: dict, excess: dict, random_mean: float, versus_input: dict) -> list[dict]:
     """The three criteria: name, the statistic ({'mean', 'ci'}), the value its lower bound must exceed for
     "yes" and the value its upper bound must stay below (or at, for the input) for "no"."""
     return [
         {"name": "selective probe", "what": "selectivity of the residual's probe", "stat": selectivity,
-         "yes_above": 0.0, "no_below": NEGLIGIBLE_SELECTIVITY},
+         "yes_above": MIN_SELECTIVITY, "no_below": NEGLIGIBLE_SELECTIVITY},
         {"name": "beats random", "what": "excess |Δ output| of the selective erasure over variance-matched random "
          "directions", "stat": excess, "yes_above": 0.0, "no_below": NEGLIGIBLE_EXCESS * max(random_mean, 0.0)},
-        {"name": "beats the input", "what": "|Δ output| of the selective erasure minus the input-explained "
-         "direction's", "stat": versus_input, "yes_above": 0.0, "no_below": 0.0},
+        {"name": "against the input", "what": f"|Δ output| of the selective erasure minus {INPUT_SHARE:g} x the "
+         "size-matched input-explained erasure's", "stat": versus_input, "yes_above": 0.0, "no_below": 0.0},
     ]
 
 
@@ -90,7 +117,7 @@ def decide(crit: list[dict], n_test: int, test_fraction: float, note: str | None
         why = ", ".join(f"{r['name']} {'≤' if r['no_below'] == 0.0 else '<'} {r['no_below']:.3g}" for r in nos)
         return "no", f"no: {why} over the whole interval ({said})", detail
     if all(r["state"] == "yes" for r in rows):
-        return "yes", f"yes: every interval lies above 0 ({said})", detail
+        return "yes", f"yes: every interval lies above its bound ({said})", detail
     open_ = [r for r in rows if r["state"] == "open"]
     factors = [r["factor"] for r in open_]
     toward_no = [r["factor"] for r in open_ if r["mean"] is not None and r["mean"] < r["no_below"]
@@ -109,6 +136,6 @@ def decide(crit: list[dict], n_test: int, test_fraction: float, note: str | None
                 f"{detail['more_tasks']['tasks']})")
     else:
         more = (f"; more {unit} are unlikely to resolve it (over {MAX_FACTOR:g}x the held-out {unit}, or a mean on "
-                "a threshold)")
+                "a threshold or between a criterion's two)")
     names = ", ".join(r["name"] for r in open_)
     return "inconclusive", f"inconclusive: the interval of {names} is not decisive ({said}){more}", detail

@@ -465,7 +465,8 @@ def causal_episodes(model, episodes, fmt, targets: Mapping[str, np.ndarray], *, 
         rk = np.stack([e[k] for e in r], 1)
         per[k] = {"selective": boot(s[k]), "input_explained": boot(i[k]), "input_explained_full": boot(i_full[k]),
                   "random": boot(rk.mean(1)), "excess_over_random": boot(excess(s[k], rk)),
-                  "minus_input_explained": boot(s[k] - i[k])}
+                  "minus_input_explained": boot(s[k] - i[k]),
+                  "against_input": boot(conclusion.against_input(s[k], i[k]))}
     largest = max(float(np.max([s[EFFECT], i[EFFECT], *(e[EFFECT] for e in r)], initial=0.0)), 0.0)
     note = None
     if largest <= 0.0:
@@ -494,7 +495,7 @@ def causal_episodes(model, episodes, fmt, targets: Mapping[str, np.ndarray], *, 
         for x, y in (("selective", "unedited"), ("random", "unedited"), ("selective", "random")):
             loop[f"{x}_minus_{y}"] = {k: b(got[x][k] - got[y][k]) for k in got[x]}
     e = per[EFFECT]
-    crit = conclusion.criteria(sel_stat, e["excess_over_random"], e["random"]["mean"], e["minus_input_explained"])
+    crit = conclusion.criteria(sel_stat, e["excess_over_random"], e["random"]["mean"], e["against_input"])
     ans, reason, detail = conclusion.decide(crit, test.size, test_fraction, note, **UNIT)
     out.update({
         "selectivity": sel_stat, "effects": per,

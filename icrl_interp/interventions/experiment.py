@@ -432,7 +432,8 @@ def measure_selective(setup: CausalSetup, method: str, G: np.ndarray, seed: int,
     """The selective test on the held-out tasks (docs/causal.md, "The selective test"): |Δ output| per task from
     erasing (by `method`) the selective direction, the input-explained one and the random directions G bent to
     the selective erasure's size (the input-explained erasure too: shrunk to that size, and in full); the paired
-    excess over random, the paired difference to the size-matched input-explained erasure and the probe's
+    excess over random, the paired difference to the size-matched input-explained erasure (in full and, as the
+    conclusion reads it, less `conclusion.INPUT_SHARE` of it: `against_input`) and the probe's
     selectivity, all on the same bootstrap resamples (a pure function of `seed`). `effect(edit)` -> |Δ output|
     per held-out task (default: from `setup.output`). `others`: further folds (`prepare(..., fold=1)`: the same
     tasks with the split swapped), each measured on its own held-out tasks with its own fitted directions; every
@@ -478,6 +479,7 @@ def measure_selective(setup: CausalSetup, method: str, G: np.ndarray, seed: int,
            "erasure": {"selective": boot(s), "input_explained": boot(i), "input_explained_full": boot(i_full),
                        "input_explained_shrink": first["shrink"], "random": boot(r.mean(2)),
                        "excess_over_random": boot(ex), "minus_input_explained": boot(s - i),
+                       "against_input": boot(conclusion.against_input(s, i)),
                        "erased_variance": first["erased_variance"],
                        "cosine_selective_input": cosine(setup, setup.selective.input.u),
                        "cosine_selective_td": cosine(setup, setup.direction)}}
@@ -515,7 +517,7 @@ def conclude(setup: CausalSetup, m: Measured, test_fraction: float) -> tuple[str
             "inconclusive: the selective or input-explained probe found nothing to read (all its coefficients are 0)"))
     e = m.selective["erasure"]
     crit = conclusion.criteria(m.selective["selectivity"], e["excess_over_random"], e["random"]["mean"],
-                               e["minus_input_explained"])
+                               e["against_input"])
     return conclusion.decide(crit, n_test, test_fraction, note)
 
 

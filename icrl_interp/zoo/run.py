@@ -41,8 +41,8 @@ SETTINGS = {
              "calibration_replicates": 100, "causal_refits": 8},
 }
 """Sizes per set: tasks recorded for the verdict, bootstrap resamples, tasks and random directions of the causal
-test (the full set's 512: at 256 a layer-targeted mimic whose "beats the input" is about 0.009 stays inconclusive;
-docs/causal.md, "The zoo's task count"), the verdict's largest step k (8: the deepest teacher runs 2 layers x 4
+test (the full set's 512: at 256 a layer-targeted mimic whose "beats the input", the rule before the input share,
+was about 0.009 stayed inconclusive; docs/causal.md, "The zoo's task count"), the verdict's largest step k (8: the deepest teacher runs 2 layers x 4
 steps), the replicates per (teacher, noise) of the interval calibration run with the zoo (`calibration_block`; 0:
 none, so the default set stays fast; 100 x 4 cells cost about 300 CPU s), and the causal test's refits of its
 directions (`causal_test`'s `refits`: its intervals hold how the fitted directions vary; the full set the command's
@@ -241,12 +241,13 @@ def confusion(rows: list[dict]) -> dict:
 
 
 def fingerprint(entry: R.Entry, settings: dict) -> str:
-    """What a stored row must match to be reused on resume: the entry, the settings and the code version. The
-    calibration's settings are left out: they do not change a row (and rows stored before they existed stay valid)."""
+    """What a stored row must match to be reused on resume: the entry, the settings, the frozen decision thresholds
+    (a row judged under other thresholds holds other answers) and the code version. The calibration's settings are
+    left out: they do not change a row (and rows stored before they existed stay valid)."""
     own = {k: v for k, v in settings.items() if not k.startswith("calibration")}
     return _digest({"entry": [entry.name, entry.kind, entry.family, entry.task_options, entry.seed,
                               entry.truth.algorithm, entry.truth.params, entry.truth.target_layer],
-                    "settings": own, "version": __version__})
+                    "settings": own, "thresholds": thresholds(), "version": __version__})
 
 
 def _digest(key: dict) -> str:

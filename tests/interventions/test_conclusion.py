@@ -2,6 +2,8 @@
 estimate of how many more tasks would resolve an inconclusive answer."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from icrl_interp.interventions import conclusion as C
@@ -21,9 +23,11 @@ YES = st(0.3, 0.5)
 @pytest.mark.parametrize("sel, ex, vs, answer", [
     (YES, YES, YES, "yes"),
     (st(0.0, 0.5), YES, YES, "inconclusive"),              # a lower bound at 0 is not above 0
-    (st(1e-9, 0.5), YES, YES, "yes"),
+    (st(0.2 + 1e-9, 0.5), YES, YES, "yes"),                 # the selectivity's "yes" bound is MIN_SELECTIVITY, 0.2
+    (st(0.2, 0.5), YES, YES, "inconclusive"),               # a lower bound on it is not above it
+    (st(0.05, 0.15), YES, YES, "inconclusive"),             # a leaky decoy's: between the two bounds
     (st(0.001, 0.019), YES, YES, "no"),                     # above 0 but wholly negligible: "no" is checked first
-    (st(0.001, 0.02), YES, YES, "yes"),                     # the negligible bound is strict
+    (st(0.001, 0.02), YES, YES, "inconclusive"),            # the negligible bound is strict
     (YES, st(0.01, 0.099), YES, "no"),                      # excess below 10% of the random effect (1.0)
     (YES, st(0.01, 0.1), YES, "yes"),
     (YES, YES, st(-0.2, 0.0), "no"),                        # the input-explained erasure moves it as much
@@ -34,7 +38,23 @@ def test_branches_and_boundaries(sel, ex, vs, answer):
     got, reason, detail = decide(sel, ex, vs)
     assert got == answer, reason
     assert reason.startswith(answer + ":")
-    assert [r["name"] for r in detail["criteria"]] == ["selective probe", "beats random", "beats the input"]
+    assert [r["name"] for r in detail["criteria"]] == ["selective probe", "beats random", "against the input"]
+
+
+def test_against_the_input_weighs_the_input_explained_erasure_by_three_quarters():
+    """The third criterion's statistic per task is selective - 3/4 x input-explained (the same variance erased): a
+    selective effect at 3/4 of the input's sits on the boundary ("no": at or below 0), just above it is "yes"; a
+    weight of 1 (the earlier rule) would call 0.9 of the input's a "no", a weight of 1/2 would call 0.7 a "yes". The
+    share is quoted in the JSON's thresholds."""
+    import numpy as np
+
+    i = np.array([0.4, 1.0, 2.0])
+    np.testing.assert_allclose(C.against_input(0.75 * i, i), 0.0, atol=1e-15)
+    np.testing.assert_allclose(C.against_input(np.array([0.9, 0.7]), np.ones(2)), [0.15, -0.05], rtol=1e-14)
+    assert C.THRESHOLDS["input_share"] == C.INPUT_SHARE == 0.75
+    for ratio, answer in ((0.75, "no"), (0.7, "no"), (0.76, "yes"), (0.9, "yes")):
+        d = float(C.against_input(ratio, 1.0))
+        assert decide(YES, YES, st(d - 1e-3, d, mean=d - 5e-4) if d <= 0 else st(d / 2, d))[0] == answer, ratio
 
 
 def test_the_negligible_excess_scales_with_the_random_effect():
@@ -53,8 +73,10 @@ def test_more_tasks_from_the_half_width():
     _, reason, detail = decide(YES, st(-0.1, 0.3, 0.1), YES, n=100)
     assert detail["more_tasks"] == {"held_out": 400, "tasks": 800}  # exact: ceil(100 * 4), / test fraction 0.5
     assert "about 400 held-out tasks" in reason
-    _, _, detail = decide(st(-0.1, 0.3, 0.1), st(-0.05, 0.35, 0.15), YES, n=100)
-    assert detail["more_tasks"]["held_out"] == 400  # max(4, (0.2/0.15)^2 = 1.78) x 100
+    _, _, detail = decide(st(0.1, 0.5, 0.3), st(-0.05, 0.35, 0.15), YES, n=100)
+    # max(((0.3 - 0.1) / (0.3 - 0.2))^2 = 4 (the selectivity's bound is 0.2), (0.2 / 0.15)^2 = 1.78) x 100; 4 is
+    # 4.000000000000001 in floats, so the ceiling is 401
+    assert detail["more_tasks"]["held_out"] == math.ceil(100 * ((0.3 - 0.1) / (0.3 - 0.2)) ** 2) == 401
     # a mean below the negligible excess (0.1 * 1.0): toward "no", (hi - m) / (0.1 - m) = (0.2 / 0.05)^2 = 16
     _, _, detail = decide(YES, st(-0.15, 0.25, 0.05), YES, n=10)
     assert detail["more_tasks"]["held_out"] == 160
@@ -106,7 +128,7 @@ def test_conclude_reads_the_site_first():
         return experiment.Measured(erasure={}, steering=[], per_task={}, largest=largest, selective=sel)
 
     sel = {"selectivity": YES, "erasure": {"excess_over_random": YES, "random": {"mean": 1.0},
-                                           "minus_input_explained": YES}}
+                                           "against_input": YES}}
     assert experiment.conclude(setup(5), measured(1.0, sel), 0.5)[0] == "yes"
     got, reason, _ = experiment.conclude(setup(1), measured(1.0, sel), 0.5)
     assert got == "inconclusive" and "one feature" in reason
@@ -124,16 +146,19 @@ def test_the_estimate_at_its_edges():
     assert C._factor(st(0.1, 0.5, 0.3), 0.2, -1.0) == pytest.approx(4.0, rel=1e-14)  # ((0.3 - 0.1) / (0.3 - 0.2))^2
     _, _, detail = decide(YES, st(-0.1, 0.3, 0.1), YES, n=100)
     assert [r["factor"] is None for r in detail["criteria"]] == [True, False, True]
-    assert decide(st(0.0, 0.5), YES, YES, n=100)[2]["more_tasks"]["held_out"] == 101  # factor 1: one more
+    assert decide(YES, st(0.0, 0.5), YES, n=100)[2]["more_tasks"]["held_out"] == 101  # factor 1: one more
     # factor (0.4 / 0.3)^2 = 1.78: 17.8 held-out tasks round up to 18
     assert decide(YES, st(-0.1, 0.7, 0.3), YES, n=10)[2]["more_tasks"]["held_out"] == 18
     # the excess points to "no" (mean 0.05 below 0.1 x the random effect 1.0: ((0.15 - 0.05) / (0.1 - 0.05))^2 = 4),
-    # the selectivity to "yes" (((0.1 + 0.3) / 0.1)^2 = 16): one "no" suffices, 4 x 10
-    got = decide(st(-0.3, 0.5, 0.1), st(-0.1, 0.15, 0.05), YES, n=10)
+    # the selectivity to "yes" (((0.3 + 0.3) / (0.3 - 0.2))^2 = 36): one "no" suffices, 4 x 10
+    got = decide(st(-0.3, 0.9, 0.3), st(-0.1, 0.15, 0.05), YES, n=10)
     assert got[0] == "inconclusive" and got[2]["more_tasks"]["held_out"] == 40
-    # selectivity exactly on its negligible bound (0.02) points to "yes" (factor 36), beside a slower "yes" (100)
-    got = decide(st(-0.1, 0.14, 0.02), st(-4.5, 5.5, 0.5), YES, n=1)
-    assert got[2]["more_tasks"]["held_out"] == 100
+    # a selectivity mean between its bounds (0.02 and 0.2), or exactly on the negligible one, points nowhere: more
+    # tasks would narrow the interval around it but never past a bound, so no estimate, whatever the others need
+    for mean in (0.1, 0.02):
+        got = decide(st(mean - 0.05, mean + 0.05, mean), st(-4.5, 5.5, 0.5), YES, n=1)
+        assert got[2]["more_tasks"] is None and "between a criterion's two" in got[1]
+    assert C._factor(st(0.05, 0.15, 0.1), 0.2, 0.02) is None
 
 
 def test_an_absent_mean_reads_as_a_dash():

@@ -41,7 +41,8 @@ def test_pooled_statistics_are_each_fold_alone_concatenated(linear):
     np.testing.assert_allclose(r, np.concatenate([r0, r1]), rtol=1e-12, atol=1e-15)
     idx = np.random.default_rng([4, 0x5E1EC7]).integers(0, 20, size=(200, 20))
     e = out["erasure"]
-    for key, v in (("excess_over_random", s - r.mean(1)), ("minus_input_explained", s - i)):
+    for key, v in (("excess_over_random", s - r.mean(1)), ("minus_input_explained", s - i),
+                   ("against_input", s - 0.75 * i)):
         assert e[key]["mean"] == pytest.approx(v.mean(), rel=1e-9, abs=1e-15)
         np.testing.assert_allclose(e[key]["ci"], [pct(v[idx].mean(1), 2.5), pct(v[idx].mean(1), 97.5)], rtol=1e-8)
     sums = np.concatenate([a.selective.sums, b.selective.sums])
@@ -68,5 +69,5 @@ def test_causal_test_crossfit_concludes_on_all_tasks_and_default_is_unchanged(li
     assert seen == [(10, 0.5), (20, 1.0)]  # exact: counts and the fractions passed
     assert "crossfit" not in plain["selective"] and cross["selective"]["crossfit"]["folds"] == 2
     crit = {c["name"]: c for c in cross["conclusion_detail"]["criteria"]}
-    assert crit["beats the input"]["mean"] == cross["selective"]["erasure"]["minus_input_explained"]["mean"]
+    assert crit["against the input"]["mean"] == cross["selective"]["erasure"]["against_input"]["mean"]
     assert plain["direction"] == cross["direction"]  # the other fields are the split's (fold 0's)

@@ -105,7 +105,7 @@ def test_reward_decoy_is_not_credited_with_delta(ep, targets):
     its actions more than random and input-explained erasures do, but the probe is not selective: "no"."""
     res, _ = run(ep, targets, "reward_decoy", 1)
     st = states(res)
-    assert st["beats the input"] == "yes" and st["selective probe"] == "no"
+    assert st["against the input"] == "yes" and st["selective probe"] == "no"
     assert res["conclusion"] == "no"
     early, _ = run(ep, targets, "reward_decoy", 0)  # layer 0: its reward direction is what moves the actions
     assert early["conclusion"] == "no" and early["effects"]["kl"]["minus_input_explained"]["ci"][1] < 0

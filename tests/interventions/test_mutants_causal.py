@@ -406,7 +406,8 @@ def test_selective_measure_by_hand(linear):
     assert e["erased_variance"]["input_explained_full"] == pytest.approx(full_size, rel=1e-12)
     assert e["input_explained_full"]["mean"] == pytest.approx(erase(full).mean(), rel=1e-9)
     idx = np.random.default_rng([2, 0x5E1EC7]).integers(0, s.size, size=(200, s.size))
-    for key, v in (("excess_over_random", s - r.mean(1)), ("minus_input_explained", s - i)):
+    for key, v in (("excess_over_random", s - r.mean(1)), ("minus_input_explained", s - i),
+                   ("against_input", s - 0.75 * i)):  # the conclusion's input share, frozen at 3/4
         assert e[key]["mean"] == pytest.approx(v.mean(), rel=1e-9, abs=1e-15)
         np.testing.assert_allclose(e[key]["ci"], [pct(v[idx].mean(1), 2.5), pct(v[idx].mean(1), 97.5)], rtol=1e-8)
 

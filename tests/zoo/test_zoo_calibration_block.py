@@ -95,6 +95,19 @@ def test_rows_do_not_depend_on_the_calibration_settings():
     assert Z.fingerprint(entry, {**TINY, "tasks": 49}) != Z.fingerprint(entry, TINY)
 
 
+def test_rows_judged_under_other_thresholds_are_judged_again(monkeypatch):
+    """A stored row holds the answers of the thresholds it was judged under: changing a frozen threshold (here the
+    causal conclusion's input share) changes the row's fingerprint, so a resumed run does not reuse a stale answer.
+    Mutant: the thresholds left out of the fingerprint."""
+    from icrl_interp.interventions import conclusion
+
+    entry = R.entries("default")[0]
+    before = Z.fingerprint(entry, TINY)
+    monkeypatch.setitem(conclusion.THRESHOLDS, "input_share", 0.5)
+    assert Z.thresholds()["causal.conclusion"]["input_share"] == 0.5
+    assert Z.fingerprint(entry, TINY) != before
+
+
 def test_the_default_set_runs_no_calibration_and_the_full_set_does(tmp_path, monkeypatch):
     """The default set (in the test suite: fast) writes no calibration and leaves the target unmeasured; the full set
     asks for its replicates, seeded with the zoo seed. Mutants: a calibration in the default set, none in the full."""
