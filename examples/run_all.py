@@ -89,7 +89,8 @@ def run_one(which: str, out: Path, *, steps: int, tasks: int, seed: int = 0, cau
     section = causal_test(model, task_config(TASK, TASK_OPTIONS), CAUSAL_LAYER, probe=probe, tasks=causal_tasks,
                           seed=seed, random_draws=random_draws, bootstrap=bootstrap)
     write_json(paths["causal"], {"schema": CAUSAL_SCHEMA, "source": f"{spec['file']}:make", "causal": section})
-    say(f"   conclusion: {section.get('conclusion_reason') or section.get('conclusion', '—')}")  # the reason leads with the answer
+    # the reason leads with the answer ("no: ...")
+    say(f"   conclusion: {section.get('conclusion_reason') or section.get('conclusion', '—')}")
 
     say(f"== {which}: verdict -> {paths['verdict']}")
     verdict = icrl_interp.verdict(str(paths["recording"]), bootstrap=bootstrap, progress=False)

@@ -42,11 +42,11 @@ SETTINGS = {
 }
 """Sizes per set: tasks recorded for the verdict, bootstrap resamples, tasks and random directions of the causal
 test (the full set's 512: at 256 a layer-targeted mimic whose "beats the input", the rule before the input share,
-was about 0.009 stayed inconclusive; docs/causal.md, "The zoo's task count"), the verdict's largest step k (8: the deepest teacher runs 2 layers x 4
-steps), the replicates per (teacher, noise) of the interval calibration run with the zoo (`calibration_block`; 0:
-none, so the default set stays fast; 100 x 4 cells cost about 300 CPU s), and the causal test's refits of its
-directions (`causal_test`'s `refits`: its intervals hold how the fitted directions vary; the full set the command's
-default 8, the default set 2, so it stays fast). An optional `calibration_tasks` sets the tasks per replicate
+was about 0.009 stayed inconclusive; docs/causal.md, "The zoo's task count"), the verdict's largest step k (8: the
+deepest teacher runs 2 layers x 4 steps), the replicates per (teacher, noise) of the interval calibration run with
+the zoo (`calibration_block`; 0: none, so the default set stays fast; 100 x 4 cells cost about 300 CPU s), and the
+causal test's refits of its directions (`causal_test`'s `refits`: its intervals hold how the fitted directions
+vary; the full set the command's default 8, the default set 2, so it stays fast). An optional `calibration_tasks` sets the tasks per replicate
 (tests; else `calibration.SETTINGS`)."""
 CALIBRATION_FILE = "calibration.json"
 CALIBRATION_KEYS = ("schema", "seed", "settings", "noises", "target", "interval", "cells", "summary", "seconds",
