@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..core import devices
 from ..core.cli_fields import add_fields, parsed
-from ..interventions.causal import DEFAULT_REFITS, DEFAULT_STEER, DIRECTIONS, METHODS, SITES
+from ..interventions.causal import DEFAULT_METHOD, DEFAULT_REFITS, DEFAULT_STEER, DIRECTIONS, METHODS, SITES
 from ..interventions.interchange import CHANGES
 from . import task_options
 
@@ -26,10 +26,10 @@ class CausalOptions:
     """Where in the layer: the residual stream after it (resid_post), before it (resid_pre), the attention
     output, or the last query row of the attention scores (None: the family's primary TD probe hook;
     resid_post for your own model)."""
-    method: str = field(default="mean", metadata={"choices": METHODS})
-    """Erasure: mean-ablation of the projection on the direction (mean), LEACE linear erasure of delta
-    (leace) or zero-ablation of the projection (zero); the result's r2_after says how much of delta each
-    edit left decodable."""
+    method: str = field(default=DEFAULT_METHOD, metadata={"choices": METHODS})
+    """Erasure: LEACE linear erasure of delta (leace, the default: no linear readout of it is left at the site),
+    mean-ablation of the projection on the direction (mean) or zero-ablation of the projection (zero); the
+    result's r2_after says how much of delta each edit left decodable."""
     direction: str = field(default="probe", metadata={"choices": DIRECTIONS})
     """The TD direction: a ridge probe fitted on training tasks (probe), or the construction's
     (construction; the package's models only)."""

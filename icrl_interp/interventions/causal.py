@@ -43,8 +43,8 @@ from .baseline import BASELINES, MEASURE, compare_models, random_init_baseline, 
 from .edits import (MATCH_POWER, Edit, erased_variance, leace_edit, pinv_psd, projection_edit, random_directions,
                     variance_matched)
 from .conclusion import ANSWERS, THRESHOLDS
-from .experiment import (DIRECTIONS, ERASED, FOLDS, METHODS, MIN_TASKS, CausalSetup, Measured, conclude, measure,
-                         measure_selective, model_part, prepare, probe_iteration, reach_note, refit,
+from .experiment import (DEFAULT_METHOD, DIRECTIONS, ERASED, FOLDS, METHODS, MIN_TASKS, CausalSetup, Measured,
+                         conclude, measure, measure_selective, model_part, prepare, probe_iteration, reach_note, refit,
                          training_resamples)
 from .sites import (ROUNDING_ULPS, SITES, Runner, Site, check_int, default_hook, eval_mode, own_model, rounding_floor,
                     site_of, unchanged_within_rounding)
@@ -53,10 +53,10 @@ from .statistics import compare, excess
 __all__ = ["SCHEMA", "DEFAULT_STEER", "DEFAULT_REFITS", "causal_test", "BASELINES", "MEASURE", "compare_models",
            "scale_note", "verdict", "MATCH_POWER", "Edit", "erased_variance", "leace_edit", "pinv_psd",
            "projection_edit", "random_directions", "variance_matched", "ANSWERS", "THRESHOLDS", "DIRECTIONS", "ERASED",
-           "FOLDS", "METHODS", "MIN_TASKS", "CausalSetup", "Measured", "conclude", "measure", "measure_selective",
-           "refit", "training_resamples", "prepare", "probe_iteration", "reach_note", "ROUNDING_ULPS", "SITES",
-           "Runner", "Site", "default_hook", "eval_mode", "rounding_floor", "site_of", "unchanged_within_rounding",
-           "compare", "excess"]
+           "DEFAULT_METHOD", "FOLDS", "METHODS", "MIN_TASKS", "CausalSetup", "Measured", "conclude", "measure",
+           "measure_selective", "refit", "training_resamples", "prepare", "probe_iteration", "reach_note",
+           "ROUNDING_ULPS", "SITES", "Runner", "Site", "default_hook", "eval_mode", "rounding_floor", "site_of",
+           "unchanged_within_rounding", "compare", "excess"]
 """The test's public names, wherever they live (docs/causal.md names them as `causal.NAME`)."""
 
 SCHEMA = "icrl_interp.causal/2"
@@ -65,7 +65,7 @@ DEFAULT_REFITS = 8
 """Refits of the selective test's directions on resampled training tasks (`causal_test`'s `refits`)."""
 
 
-def causal_test(model, config, layer: int, *, method: str = "mean", hook: str | None = None,
+def causal_test(model, config, layer: int, *, method: str = DEFAULT_METHOD, hook: str | None = None,
                 roles: dict | None = None, probe=None, direction="probe", tasks: int = 256,
                 test_fraction: float = 0.5, seed: int = 0, random_draws: int = 32, steer=DEFAULT_STEER,
                 bootstrap: int = 1000, batch_size: int = 256, baseline: str = "random-init",

@@ -10,7 +10,7 @@ training tasks, so the intervals hold the fit's variation: `experiment.measure_s
    MIN_SELECTIVITY of it;
 2. **beats random**: erasing the selective direction moves the output more than erasing variance-matched random
    directions (the paired per-task excess);
-3. **against the input**: erasing the selective direction moves the output at least INPUT_SHARE (3/4) as much as
+3. **against the input**: erasing the selective direction moves the output at least INPUT_SHARE (1/2) as much as
    erasing the same variance along the input-explained direction (the paired per-task difference
    selective - INPUT_SHARE x input-explained, `against_input`), so the effect is not mostly the reward's.
 
@@ -31,23 +31,24 @@ NEGLIGIBLE_SELECTIVITY = 0.02
 MIN_SELECTIVITY = 0.2
 """A "yes" needs the selectivity's interval wholly above this: the layer carries at least a fifth of the variance
 of the part of delta the prompt does not explain. A model that runs TD at the layer computes delta there (the
-zoo's layer-targeted mimics: 0.49-0.61, lower bounds 0.45 and up, at 512 tasks); a decoy that computes an error
-without bootstrapping there (the trained reward-regression decoys) leaks a little of it, 0.06-0.10 (upper bounds
-0.126 at most), and may also beat random directions, so a selectivity merely above 0 does not separate them.
-Between the two bounds the answer is "inconclusive". Chosen on zoo seeds 0-4 with INPUT_SHARE, frozen before seed 5
-was scored (docs/causal.md, "The input share and the selectivity floor")."""
+zoo's layer-targeted mimics: 0.48-0.61, lower bounds 0.43 and up, at 512 tasks, seeds 0-5); a decoy that computes
+an error without bootstrapping there (the trained reward-regression and last-reward decoys) leaks a little of it,
+0.03-0.10 (upper bounds 0.126 at most), and may also beat random directions, so a selectivity merely above 0 does
+not separate them. Between the two bounds the answer is "inconclusive". Chosen on zoo seeds 0-4 and kept on seeds
+0-5 with INPUT_SHARE and the LEACE default (docs/causal.md, "The erasure: LEACE by default")."""
 NEGLIGIBLE_EXCESS = 0.1
 """An excess over random directions whose interval lies wholly below this fraction of the random directions' mean
 effect: the selective direction matters no more than a random one of its size ("no")."""
-INPUT_SHARE = 0.75
+INPUT_SHARE = 0.5
 """The share of the input-explained erasure's effect (the same variance erased) that the selective erasure must
 exceed. TD's update reads the whole delta, its reward part and its bootstrapped part alike, so nothing in TD makes
-the selective part matter more per unit of variance than the input-explained part: a share of 1 (the rule before
-it) left models that carry delta selectively but weigh the two parts about alike inconclusive however many tasks
-they got. A model whose output moves mostly through the reward falls below. Chosen on zoo seeds 0-4 (the ratio of
-the two effects: 1.00-3.53 for the 15 layer-targeted mimics; 0.08-0.49 for five of the six trained decoys whose
-selectivity holds, 1.22 for the sixth, which MIN_SELECTIVITY stops) and frozen before the fresh seed 5 was scored
-(docs/causal.md, "The input share and the selectivity floor")."""
+the selective part matter more per unit of variance than the input-explained part: a share of 1 left models that
+carry delta selectively but weigh the two parts about alike inconclusive however many tasks they got. A model whose
+output moves mostly through the reward falls below. Chosen with experiment.DEFAULT_METHOD (LEACE) on zoo seeds 0-5:
+the ratio of the two effects is 0.75-3.63 for the 18 layer-targeted mimics (3/4, the share before, sat on the
+lowest); the trained decoys that leak some selectivity reach ratios up to 2.3 under LEACE, so against them the share
+is no guard: MIN_SELECTIVITY is. Frozen before the fresh seed 6 was scored (docs/causal.md, "The erasure: LEACE by
+default")."""
 MAX_FACTOR = 100.0
 """An inconclusive answer that would need more than this many times the held-out tasks gets no estimate."""
 THRESHOLDS = {"level": 0.95, "negligible_selectivity": NEGLIGIBLE_SELECTIVITY, "min_selectivity": MIN_SELECTIVITY,

@@ -19,6 +19,12 @@ from .statistics import compare, excess, interval, num, spread
 
 METHODS = ("mean", "leace", "zero")
 """Erasure methods: mean-ablation of the projection, LEACE, zero-ablation of the projection."""
+DEFAULT_METHOD = "leace"
+"""The causal test's erasure unless `--method` says otherwise. LEACE leaves no linear readout of the erased part
+of delta anywhere at the site; mean-ablating the one probe direction leaves it readable along correlated directions,
+so a model holding delta in several directions moved no more than under random directions of the same size (zoo
+seed 5's `mimic_plain_td_lambda0.5_layer1`). Chosen with conclusion.INPUT_SHARE on zoo seeds 0-5, frozen before
+seed 6 was scored (docs/causal.md, "The erasure: LEACE by default")."""
 DIRECTIONS = ("probe", "construction")
 ERASED = ("td", "selective", "input")
 """What an erasure removes: the TD direction (probe, construction or given), the selective direction (the probe of
@@ -93,7 +99,7 @@ class CausalSetup:
             raise UserError(f"no {which} direction at {self.site.canonical}: its probe found nothing to read")
         return d.u, d.mean, d.cov_xz
 
-    def erase(self, method: str = "mean", which: str = "td") -> Edit:
+    def erase(self, method: str = DEFAULT_METHOD, which: str = "td") -> Edit:
         """The erasure by `method` of the TD direction (`which` 'td'), the selective or the input-explained one."""
         u, mean, cov_xz = self._along(which)
         if method == "mean":

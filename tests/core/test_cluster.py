@@ -260,8 +260,9 @@ def test_sweep_on_a_cluster_survives_killed_workers_and_matches_serial(cluster, 
         lines = (run / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(x)["step"] for x in lines] == [6, 12]  # a resumed run's log has no repeated step
 
-    # a re-run trains nothing and analyzes nothing
-    _wait_for_workers(cluster, 2)
+    # a re-run trains nothing and analyzes nothing; one live worker is enough for it (a nanny's restart of the
+    # killed worker once hung past 240 s on a loaded machine, and the answer does not depend on the worker count)
+    _wait_for_workers(cluster, 1)
     code, again = _sweep(tmp_path, "dask", "--scheduler", cluster.client.scheduler_info()["address"])
     assert code == 0
     assert again.count("finished before (reused)") == 4 and "(8 analyses from cache)" in again

@@ -251,17 +251,18 @@ class LinearReadout(LinearFeatures):
         return (h[:, -1, :1] + h[:, :-1].mean(1) @ self.a[:, None])
 
 
-def test_random_draws_are_the_matched_erasures_on_a_linear_model():
+@pytest.mark.parametrize("method", ["mean", "leace"])
+def test_random_draws_are_the_matched_erasures_on_a_linear_model(method):
     """Known answer: on a linear readout every draw's output change is |a.c| |mean_k (b.x_k - m)| of its
-    variance-matched edit, and the TD erasure's is the same formula with the TD edit."""
+    variance-matched edit, and the TD erasure's is the same formula with the TD edit (mean-ablation and LEACE)."""
     rng = np.random.default_rng(8)
     E = rng.standard_normal((9, 6)) * np.array([10.0, 1, 1, 1, 1, 0.1])
     a = rng.standard_normal(6)
     cfg = construct.task_config("linear-td", {"layers": 2, "n": 8})
     model, roles = LinearReadout(E, a), {"resid_post": "layer{layer}"}
     kw = dict(roles=roles, tasks=32, seed=3)
-    res = causal.causal_test(model, cfg, 0, random_draws=5, bootstrap=50, steer=(), baseline="none", refits=0,
-                             **kw)
+    res = causal.causal_test(model, cfg, 0, method=method, random_draws=5, bootstrap=50, steer=(), baseline="none",
+                             refits=0, **kw)
     st = causal.prepare(model, cfg, 0, **kw)
     X = st.features[st.test_index]
 
@@ -269,12 +270,13 @@ def test_random_draws_are_the_matched_erasures_on_a_linear_model():
         return np.abs(a @ edit.c) * np.abs((X @ edit.b - edit.m).mean(1))
 
     G = causal.random_directions(6, 5, seed=3, layer=0)
-    want = [float(change(st.erase_random("mean", g)).mean()) for g in G]
+    want = [float(change(st.erase_random(method, g)).mean()) for g in G]
     np.testing.assert_allclose(res["erasure"]["output_change"]["random"]["draws"], want, rtol=1e-10)
-    assert res["erasure"]["output_change"]["td"]["mean"] == pytest.approx(float(change(st.erase("mean")).mean()),
+    assert res["erasure"]["output_change"]["td"]["mean"] == pytest.approx(float(change(st.erase(method)).mean()),
                                                                            rel=1e-10)
     v = res["erasure"]["erased_variance"]
-    assert v["random"] == pytest.approx(v["td"], rel=1e-8) and v["td"] == pytest.approx(st.std ** 2, rel=1e-10)
+    size = st.std ** 2 if method == "mean" else causal.erased_variance(st.cov_x, st.erase("leace"))
+    assert v["random"] == pytest.approx(v["td"], rel=1e-8) and v["td"] == pytest.approx(size, rel=1e-10)
 
 
 def test_r2_after_says_whether_delta_is_left():
@@ -353,8 +355,8 @@ class IgnoresU(nn.Module):
 def test_a_model_whose_output_ignores_the_direction_gives_zero_effect():
     u = np.random.default_rng(0).standard_normal(6)
     cfg = construct.task_config("linear-td", {"layers": 2, "n": 8})
-    res = causal.causal_test(IgnoresU(u), cfg, 0, roles={"resid_post": "layer{layer}"}, direction=u, tasks=32,
-                             random_draws=8, bootstrap=200, steer=(1.0,), refits=0)
+    res = causal.causal_test(IgnoresU(u), cfg, 0, roles={"resid_post": "layer{layer}"}, direction=u, method="mean",
+                             tasks=32, random_draws=8, bootstrap=200, steer=(1.0,), refits=0)
     out = res["erasure"]["output_change"]
     assert res["direction"]["source"] == "given" and res["direction"]["width"] == 6
     # exact: the output reads u only through the rounding of u.(I - u u^T) (1e-17), below the rounding floor
@@ -397,8 +399,8 @@ def test_output_changes_below_the_rounding_floor_are_zero(factor):
     erasures = [st.erase("mean")] + [st.erase_random("mean", g) for g in causal.random_directions(6, 4, 3, 0)]
     floor = float_tol(torch.float64, st.base, k=64)  # the documented floor, computed here independently
     a = a0 * factor * floor / max(change(e, a0).max() for e in erasures)
-    res = causal.causal_test(LinearReadout(E, a), cfg, 0, random_draws=4, bootstrap=50, steer=(), baseline="none",
-                             refits=0, **kw)
+    res = causal.causal_test(LinearReadout(E, a), cfg, 0, method="mean", random_draws=4, bootstrap=50, steer=(),
+                             baseline="none", refits=0, **kw)
     out = res["erasure"]["output_change"]
     moved = [n for n in res["notes"] if "no edit" in n and "changed the output" in n]
     if factor < 1:

@@ -41,18 +41,18 @@ def test_branches_and_boundaries(sel, ex, vs, answer):
     assert [r["name"] for r in detail["criteria"]] == ["selective probe", "beats random", "against the input"]
 
 
-def test_against_the_input_weighs_the_input_explained_erasure_by_three_quarters():
-    """The third criterion's statistic per task is selective - 3/4 x input-explained (the same variance erased): a
-    selective effect at 3/4 of the input's sits on the boundary ("no": at or below 0), just above it is "yes"; a
-    weight of 1 (the earlier rule) would call 0.9 of the input's a "no", a weight of 1/2 would call 0.7 a "yes". The
-    share is quoted in the JSON's thresholds."""
+def test_against_the_input_weighs_the_input_explained_erasure_by_one_half():
+    """The third criterion's statistic per task is selective - 1/2 x input-explained (the same variance erased): a
+    selective effect at 1/2 of the input's sits on the boundary ("no": at or below 0), just above it is "yes"; a
+    weight of 3/4 (the rule before it) would call 0.6 of the input's a "no", a weight of 1/4 would call 0.4 a "yes".
+    The share is quoted in the JSON's thresholds."""
     import numpy as np
 
     i = np.array([0.4, 1.0, 2.0])
-    np.testing.assert_allclose(C.against_input(0.75 * i, i), 0.0, atol=1e-15)
-    np.testing.assert_allclose(C.against_input(np.array([0.9, 0.7]), np.ones(2)), [0.15, -0.05], rtol=1e-14)
-    assert C.THRESHOLDS["input_share"] == C.INPUT_SHARE == 0.75
-    for ratio, answer in ((0.75, "no"), (0.7, "no"), (0.76, "yes"), (0.9, "yes")):
+    np.testing.assert_allclose(C.against_input(0.5 * i, i), 0.0, atol=1e-15)
+    np.testing.assert_allclose(C.against_input(np.array([0.9, 0.4]), np.ones(2)), [0.4, -0.1], rtol=1e-14)
+    assert C.THRESHOLDS["input_share"] == C.INPUT_SHARE == 0.5
+    for ratio, answer in ((0.5, "no"), (0.4, "no"), (0.51, "yes"), (0.6, "yes")):
         d = float(C.against_input(ratio, 1.0))
         assert decide(YES, YES, st(d - 1e-3, d, mean=d - 5e-4) if d <= 0 else st(d / 2, d))[0] == answer, ratio
 

@@ -265,7 +265,7 @@ def test_probe_iteration_of_each_hook():
 # ------------------------------------------------------------------ defaults and argument gates
 def test_defaults_of_the_causal_test():
     p = inspect.signature(causal.causal_test).parameters
-    want = {"method": "mean", "direction": "probe", "tasks": 256, "test_fraction": 0.5, "seed": 0,
+    want = {"method": "leace", "direction": "probe", "tasks": 256, "test_fraction": 0.5, "seed": 0,
             "random_draws": 32, "steer": (-2.0, -1.0, 1.0, 2.0), "bootstrap": 1000, "baseline": "random-init",
             "refits": 8, "crossfit": False}
     assert {k: p[k].default for k in want} == want
@@ -407,7 +407,7 @@ def test_selective_measure_by_hand(linear):
     assert e["input_explained_full"]["mean"] == pytest.approx(erase(full).mean(), rel=1e-9)
     idx = np.random.default_rng([2, 0x5E1EC7]).integers(0, s.size, size=(200, s.size))
     for key, v in (("excess_over_random", s - r.mean(1)), ("minus_input_explained", s - i),
-                   ("against_input", s - 0.75 * i)):  # the conclusion's input share, frozen at 3/4
+                   ("against_input", s - 0.5 * i)):  # the conclusion's input share, frozen at 1/2
         assert e[key]["mean"] == pytest.approx(v.mean(), rel=1e-9, abs=1e-15)
         np.testing.assert_allclose(e[key]["ci"], [pct(v[idx].mean(1), 2.5), pct(v[idx].mean(1), 97.5)], rtol=1e-8)
 
@@ -637,7 +637,7 @@ def test_causal_test_section_fields(linear):
     assert res["direction"]["width"] == 4 and res["direction"]["source"] == "probe"
     assert "coef" not in res["direction"] and res["direction"]["r2_test"] == st.probe["r2_test"]
     assert (res["layer"], res["n_layers"], res["random_draws"], res["bootstrap"]) == (0, 1, 3, 20)
-    assert res["method"] == "mean" and res["hook"] == "blocks.0.hook_resid_post" and res["module"] == "layer0"
+    assert res["method"] == "leace" and res["hook"] == "blocks.0.hook_resid_post" and res["module"] == "layer0"
 
 
 def test_given_roles_win_over_the_probe_specs(linear, tmp_path):

@@ -64,7 +64,7 @@ def test_a_causal_json_is_a_row_with_its_numbers_figure_and_page_section(theta, 
     row, section = rows[0], doc["causal"]
     out_change = section["erasure"]["output_change"]
     assert (row["family"], row["task_family"], row["context_length"]) == ("linear-td", "linear-td", 6)
-    assert (row["causal.layer"], row["causal.method"], row["causal.hook"]) == (0, "mean", "blocks.0.hook_resid_post")
+    assert (row["causal.layer"], row["causal.method"], row["causal.hook"]) == (0, "leace", "blocks.0.hook_resid_post")
     assert row["causal.source"] == str(ckpt) and row["sha256"] and row["error"] == "" and row["reasons"] == ""
     # exact: the summary copies the JSON's numbers (and a float's repr reads back to the same float)
     assert row["causal.erasure.output_change.td.mean"] == out_change["td"]["mean"]
@@ -86,7 +86,7 @@ def test_a_causal_json_is_a_row_with_its_numbers_figure_and_page_section(theta, 
     assert json.loads(csv_row["causal.erasure.output_change.td.ci"]) == out_change["td"]["ci"]
     # the figure: written by report.causal.write_figure, in the manifest, shown in the Causal tests section
     figs = sorted(p.name for p in (out / "figures").glob("causal-*.png"))
-    assert len(figs) == 1 and figs[0].startswith("causal-000-linear-td-l0-mean-")
+    assert len(figs) == 1 and figs[0].startswith("causal-000-linear-td-l0-leace-")
     assert (out / "figures" / figs[0]).stat().st_size > 1000
     assert figs[0] in json.loads((out / "figures" / "manifest.json").read_text())["files"]
     page = (out / "index.html").read_text()
@@ -191,4 +191,4 @@ def test_a_foreign_model_recording_and_its_causal_json_leave_no_section_unexplai
             assert f"<b>{name}</b>: " in page, f"the page does not say why {name} was not computed"
     assert 'id="causal-tests"' in page and "net_causal [causal]" in page
     manifest = json.loads((out / "figures" / "manifest.json").read_text())["files"]
-    assert any(f.startswith("causal-000-generic-l0-mean-") for f in manifest)
+    assert any(f.startswith("causal-000-generic-l0-leace-") for f in manifest)

@@ -308,19 +308,18 @@ def _conclusion(name: str, seed: int, **sizes) -> str:
 def test_layer_targeted_mimic_says_yes_at_its_layer_and_its_control_does_not():
     """The shipped squeezed mimic gets "yes" at its target layer; the control, whose layer carries the
     no-bootstrapping error through the same squeeze, does not. Small sizes (64 tasks, 4 random directions, 100
-    resamples, no random-init baseline, no steering, directions fitted once: refits 0; measured: the mimic yes with
-    every lower bound >= 0.0115; the control inconclusive: selective probe 0.069 [0.032, 0.094], below the 0.2 floor,
-    beats random above 0, against the input 0.0011 [-0.0128, 0.0120], its selective erasure 0.78 times the
-    input-explained one's, near the 0.75 share); the zoo's sizes in the slow sibling. Kills dropping both the floor
-    and the "against the input" criterion (the control then says yes), a criterion flipped, and a shipped mimic whose
-    output does not use its target layer."""
+    resamples, no random-init baseline, no steering, directions fitted once: refits 0; the default erasure, LEACE;
+    measured: the mimic yes with every lower bound >= 0.027; the control inconclusive: selective probe 0.069 [0.032,
+    0.094], below the 0.2 floor, beats random 0.018 [0.010, 0.028] and against the input 0.021 [0.010, 0.032] both
+    above 0, its selective erasure 1.63 times the input-explained one's); the zoo's sizes in the slow sibling. Kills
+    dropping the floor (the control then says yes: under LEACE the floor is its only guard), a criterion flipped, and a
+    shipped mimic whose output does not use its target layer."""
     small = dict(tasks=64, random_draws=4, bootstrap=100, baseline="none", steer=(), refits=0)
     assert _conclusion(SQUEEZED, 0, **small) == "yes"
     assert _conclusion(CONTROL, 0, **small) != "yes"
 
 
-KNOWN_MISSES: dict = {("mimic_plain_td_lambda0.5_layer1", 5): "its selective direction, mean-ablated, moves the output "
-                      "no more than random directions (docs/zoo.md, 'The miss of seed 5')"}
+KNOWN_MISSES: dict = {}
 """(entry, zoo seed) whose causal test misses its known answer at the zoo's sizes: strict xfail, so a change that makes
 it right (or a retrained model) fails here until the docs' numbers are updated."""
 
@@ -331,15 +330,15 @@ def _zoo_sized(name, seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,seed", [_zoo_sized(n, seed) for seed in (0, 1, 4, 5) for n, s in mimics.SPECS.items()
+@pytest.mark.parametrize("name,seed", [_zoo_sized(n, seed) for seed in (0, 1, 4, 5, 6) for n, s in mimics.SPECS.items()
                                        if s.truth.target_layer is not None])
 def test_layer_targeted_entries_at_the_zoos_sizes(name, seed):
     """As the zoo runs them (`zoo.run.SETTINGS['full']`): every shipped layer-targeted trained non-decoy says "yes" at
-    its layer (but the known misses), every layer-targeted trained decoy does not. Seed 4 holds the decoy that leaks
-    most (`decoy_trained_plain_reward_regression_layer1`: it beats random directions, and its selective erasure
-    weighs 1.22 times the input-explained one's; the selectivity floor keeps it from "yes") and the mimic that
-    weighs the two parts alike (`mimic_plain_td0_layer0`, 1.00; "yes" only with the input share); seed 5 the fresh
-    zoo's miss, a known one."""
+    its layer (but the known misses), every layer-targeted trained decoy does not. Seed 1 holds the decoy whose
+    selective erasure weighs most against the input-explained one's under LEACE (`decoy_trained_plain_reward_
+    regression_layer1`, 2.3 times, and it beats random directions; the selectivity floor keeps it from "yes"); seed 5
+    the mimic that missed under mean-ablation and weighs the two parts least under LEACE (`mimic_plain_td_lambda0.5_
+    layer1`, 0.75: "yes" with the input share 1/2); seed 6 is the fresh zoo of the LEACE rule."""
     from icrl_interp.zoo.run import SETTINGS
 
     found = {e.name: e for e in mimics.entries(seed)}

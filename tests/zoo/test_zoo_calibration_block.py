@@ -103,8 +103,8 @@ def test_rows_judged_under_other_thresholds_are_judged_again(monkeypatch):
 
     entry = R.entries("default")[0]
     before = Z.fingerprint(entry, TINY)
-    monkeypatch.setitem(conclusion.THRESHOLDS, "input_share", 0.5)
-    assert Z.thresholds()["causal.conclusion"]["input_share"] == 0.5
+    monkeypatch.setitem(conclusion.THRESHOLDS, "input_share", 0.75)
+    assert Z.thresholds()["causal.conclusion"]["input_share"] == 0.75
     assert Z.fingerprint(entry, TINY) != before
 
 
