@@ -295,7 +295,8 @@ def _live_checkpoint(path: Path, opts: AnalyzeOptions) -> dict:
 
 
 # ------------------------------------------------------------- live: from the forward pass
-@threads.limited()  # BLAS / torch threads at most the cores this process may use (core/threads.py)
+# BLAS / torch threads at most the cores this process may use, BLAS one short beside the reader thread (core/threads.py)
+@threads.limited(busy=1)
 def analyze_model(model, task, *, task_options: dict | None = None, probe=None, tasks: int = 512,
                   batch_size: int = 128, seed: int = 0, baseline: str = "random-init", prompts=None,
                   out=None, options: AnalyzeOptions | None = None, name: str | None = None,
@@ -557,7 +558,8 @@ def table_lines(analysis: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------ public
-@threads.limited()  # BLAS / torch threads at most the cores this process may use (core/threads.py)
+# BLAS / torch threads at most the cores this process may use, BLAS one short beside the reader thread (core/threads.py)
+@threads.limited(busy=1)
 def analyze(path, options: AnalyzeOptions | None = None, **overrides) -> dict:
     """Analyze one checkpoint directory, recording or TL-weights file; returns the contract dict."""
     opts = options or AnalyzeOptions()

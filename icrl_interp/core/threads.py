@@ -12,8 +12,9 @@ thread pool for the duration of a block at
   platform has no affinity), never more, and never more than a pool already had: a limit the user
   set (`OPENBLAS_NUM_THREADS=1`, `torch.set_num_threads(1)`) stays.
 
-The analyzers' entry points (`analyze.analyze`, `analyze.analyze_model`) run inside it, and the
-previous limits are restored afterwards. The pools are found by threadpoolctl (every BLAS and OpenMP
+The analyzers' entry points (`analyze.analyze`, `analyze.analyze_model`) run inside it with their BLAS / OpenMP pools
+one thread short (`busy=1`: their reader thread, `ahead`, has a core of its own), and the previous limits are
+restored afterwards. The pools are found by threadpoolctl (every BLAS and OpenMP
 library loaded in the process); torch's intra-op pool is set through torch, and only if torch is
 imported already: capping threads never imports it.
 """
@@ -58,16 +59,23 @@ def target(current: int) -> int:
 
 
 @contextmanager
-def limited():
-    """Every BLAS / OpenMP pool and torch's intra-op pool capped (`target`) inside the block, restored after."""
+def limited(busy: int = 0):
+    """Every BLAS / OpenMP pool and torch's intra-op pool capped (`target`) inside the block, restored after.
+
+    `busy`: threads of the package's own that work beside the BLAS / OpenMP pools (the analyzers' reader thread,
+    `ahead`): those pools get that many fewer (at least 1), so the reader and the pools never compete for a core. On
+    2 cores an analysis of a 1.19 GB recording took 4.4 s with 2 BLAS threads beside its reader and 3.7 s with 1
+    (docs/benchmarks.md). torch's pool keeps `target`; `beside` takes it one short where its forward passes run in
+    the reader. `ICRL_INTERP_THREADS` sets every count exactly."""
     from threadpoolctl import ThreadpoolController
 
     pools = [(lib, lib.num_threads) for lib in ThreadpoolController().lib_controllers]
     torch = sys.modules.get("torch")
     torch_before = torch.get_num_threads() if torch is not None else None
+    forced = override()
     try:
         for lib, before in pools:
-            lib.set_num_threads(target(before))
+            lib.set_num_threads(forced if forced is not None else max(1, target(before) - busy))
         if torch is not None:
             torch.set_num_threads(target(torch_before))
         yield

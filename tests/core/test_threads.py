@@ -1,7 +1,8 @@
 """Thread discipline (icrl_interp/core/threads.py): every BLAS / OpenMP pool and torch's intra-op pool at
 most the cores the process may use, inside the analyzers' entry points, and restored afterwards; one core
-fewer for torch beside the recorder's writer thread and a live analysis's reader (`beside`); the analyzers' reads one
-item ahead (a live recording's two) in a thread only where a core is spare (`ahead`)."""
+fewer for torch beside the recorder's writer thread and a live analysis's reader (`beside`), and for the analyzers'
+BLAS pools beside their reader (`limited(busy=1)`); the analyzers' reads one item ahead (a live recording's two) in a
+thread only where a core is spare (`ahead`)."""
 from __future__ import annotations
 
 import json
@@ -80,6 +81,27 @@ def test_entry_points_run_limited(monkeypatch):
         analyze_mod.analyze_model(analyze_mod_model(), "linear-td", task_options={"d": 2, "n": 4}, tasks=4,
                                   batch_size=4, baseline="none")
     assert seen == [{1}, {1}]  # thread counts: integers
+
+
+def test_entry_points_leave_their_reader_thread_a_core(monkeypatch):
+    """Without the override, `analyze` and `analyze_model` run the BLAS pools one thread short of the cores (4 here:
+    3), so the reader thread that reads ahead (`ahead`) has a core of its own, and restore them after; one core stays
+    one thread. Kills `busy` dropped from either entry point or ignored by `limited`."""
+    blas = lambda: {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}  # noqa: E731
+    monkeypatch.delenv(threads.ENV, raising=False)
+    seen = []
+    monkeypatch.setattr(analyze_mod, "_analyze_checkpoint", lambda path, opts: seen.append(blas()) or {})
+    monkeypatch.setattr(analyze_mod, "analyze_open", lambda rec, opts, **kw: seen.append(blas()) or {})
+    ckpt = checkpoints_dir() / "linear-td"
+    for cores, want in ((4, {3}), (1, {1})):
+        monkeypatch.setattr(threads, "allowed_cores", lambda cores=cores: cores)
+        with threadpool_limits(4, user_api="blas"):
+            analyze_mod.analyze(ckpt)
+            analyze_mod.analyze_model(analyze_mod_model(), "linear-td", task_options={"d": 2, "n": 4}, tasks=4,
+                                      batch_size=4, baseline="none")
+            assert blas() == {4}  # restored
+        assert seen == [want, want], cores  # thread counts: integers
+        seen.clear()
 
 
 def analyze_mod_model():
