@@ -261,6 +261,26 @@ returned pages in again); peak RSS of the 100k-prompt live run (linear-td theta*
 1k run's 289 MiB), 346-371 MiB at 0.25 (1.20-1.28x), 341-343 MiB every chunk (1.18x)."""
 
 
+def chunk_spans(ds) -> list[tuple[int, int, int, int]]:
+    """(first prompt, last prompt + 1, byte offset, bytes) of every stored chunk of the chunked dataset `ds`, in
+    the index's order. One walk of the chunk index (`chunk_iter`, HDF5 >= 1.12.3) where h5py has it: asking
+    for the chunks one by one (`get_chunk_info(i)`, the fallback) searches the index again for each, 10x
+    slower on a 1.4 GB recording's 1,728 chunks (0.05 s against 0.005 s)."""
+    rows = ds.chunks[0]
+    spans = []
+
+    def add(info):
+        if info.byte_offset is not None:  # an unwritten chunk has no place in the file
+            spans.append((info.chunk_offset[0], info.chunk_offset[0] + rows, info.byte_offset, info.size))
+
+    if hasattr(ds.id, "chunk_iter"):
+        ds.id.chunk_iter(add)
+    else:
+        for i in range(ds.id.get_num_chunks()):
+            add(ds.id.get_chunk_info(i))
+    return spans
+
+
 class ReadAhead:
     """Asks the OS to fetch the file regions of the next prompts while the current ones are analyzed.
 
@@ -276,13 +296,8 @@ class ReadAhead:
             return
         try:
             for ds in datasets:
-                if ds.chunks is None:
-                    continue
-                for i in range(ds.id.get_num_chunks()):
-                    info = ds.id.get_chunk_info(i)
-                    if info.byte_offset is not None:
-                        row = info.chunk_offset[0]
-                        spans.append((row, row + ds.chunks[0], info.byte_offset, info.size))
+                if ds.chunks is not None:
+                    spans += chunk_spans(ds)
             self.fd = os.open(path, os.O_RDONLY)
         except (AttributeError, OSError, RuntimeError):  # old HDF5, odd layout: just read normally
             return

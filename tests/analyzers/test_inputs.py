@@ -204,3 +204,38 @@ def test_trim_slack_none_trims_after_every_chunk(tmp_path, monkeypatch):
     monkeypatch.setattr(heap, "release_free_memory", lambda: trims.append(1) or True)
     monkeypatch.setattr(heap, "OnGrowth", lambda nbytes: pytest.fail("None trims every chunk"))
     assert _chunks_of_a_small_recording(tmp_path) == 4 and len(trims) == 4
+
+
+def test_read_ahead_spans_are_the_stored_chunks_and_hints_cover_the_prompts_asked_for(tmp_path, monkeypatch):
+    """`chunk_spans` walks the chunk index once (`chunk_iter`) or chunk by chunk (the fallback): both give every
+    stored chunk's prompts and bytes, checked against the chunk's own bytes in the file; a hint asks the OS for
+    ranges that hold every chunk of the prompts asked for."""
+    from icrl_interp.recording.format import Recording
+
+    p = D.write_recording(tmp_path / "r.h5", "softmax-td", n_prompts=70, batch=20, bf16=True)
+    with Recording(p) as rec:
+        paths = ["acts/blocks.0.attn.hook_pattern", "prompts/z", "reference/td_errors"]
+        raw = p.read_bytes()
+        for x in paths:
+            ds = rec.f[x]
+            walked = inputs.chunk_spans(ds)
+
+            class OneByOne:  # the dataset as an h5py without chunk_iter sees it
+                chunks, id = ds.chunks, type("Id", (), {"get_num_chunks": ds.id.get_num_chunks,
+                                                         "get_chunk_info": ds.id.get_chunk_info})()
+            assert sorted(walked) == sorted(inputs.chunk_spans(OneByOne())) and len(walked) == ds.id.get_num_chunks()
+            for first, last, offset, size in walked:
+                assert last - first == ds.chunks[0] and first % ds.chunks[0] == 0
+                _, stored = ds.id.read_direct_chunk((first,) + (0,) * (ds.ndim - 1))
+                assert raw[offset : offset + size] == stored  # the span is that chunk's bytes in the file
+        asked = []
+        monkeypatch.setattr(inputs.os, "posix_fadvise", lambda fd, off, n, advice: asked.append((off, off + n)))
+        ahead = inputs.ReadAhead(rec.path, [rec.f[x] for x in paths])
+        for start, stop in [(0, 16), (25, 41), (60, 70)]:
+            asked.clear()
+            ahead.hint(start, stop)
+            for x in paths:
+                for first, last, offset, size in inputs.chunk_spans(rec.f[x]):
+                    if first < stop and last > start:
+                        assert any(a <= offset and offset + size <= b for a, b in asked), (x, first, start, stop)
+        ahead.close()
