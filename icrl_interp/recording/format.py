@@ -48,9 +48,9 @@ LEGACY_NO_FAMILY = ("", "generic")
 """Schema-1 `family` values that named no family (a model of no known family, prompts of no task)."""
 CHUNK_MIN, CHUNK_MAX = 10 * 1024, 1024 * 1024
 SYNC_BYTES = 32 * 2**20
-"""The writer starts the file's writeback after every SYNC_BYTES of batches (`writeback.WriteBehind`): the disk
-then writes while the next forward passes run (the recorder writes from a thread, `background`), not all
-at the final fsync."""
+"""The writer starts a sync of the file after every SYNC_BYTES of batches (`writeback.WriteBehind`, in a thread of
+its own): the disk then writes while the next forward passes run (the recorder writes from a thread, `background`),
+not all at the final fsync."""
 BF16 = "bfloat16"
 SHARDS = "shards"
 """Root attribute of a master file: JSON list of its shard files (docs/formats.md, "Sharded recordings")."""
@@ -136,7 +136,7 @@ class RecordingWriter:
         self._f: h5py.File | None = None
         self.n_done = 0
         self._unsynced = 0
-        """Bytes of batches written since the writeback was last started (`SYNC_BYTES`)."""
+        """Bytes of batches written since the last sync was started (`SYNC_BYTES`)."""
         self._behind: WriteBehind | None = None
         if self.path.exists() and not resume:
             raise UserError(f"{self.path} exists; remove it or choose another --out")
@@ -282,7 +282,7 @@ class RecordingWriter:
         self._appear()
 
     def _write_behind(self, nbytes: int) -> None:
-        """Count `nbytes` just written; every SYNC_BYTES start the disk's writeback (`WriteBehind`). Counted per
+        """Count `nbytes` just written; every SYNC_BYTES start a sync of the file (`WriteBehind`). Counted per
         dataset, not per batch, so the disk starts on a batch while the rest of it is still being copied: the
         last batch's bytes are mostly on their way when the final fsync comes."""
         self._unsynced += nbytes
@@ -291,6 +291,19 @@ class RecordingWriter:
                 self._behind = WriteBehind(self._f.id.get_vfd_handle())
             self._behind()
             self._unsynced = 0
+
+    def _stop_syncing(self, raise_error: bool) -> None:
+        """Wait for the sync in flight (`WriteBehind.close`) before the file's descriptor closes. `finish` raises
+        its disk error; `close`, which runs while an error of its own is on its way (an interrupt, a full disk),
+        leaves the partial file for --resume whatever the sync said, and lets that error through."""
+        behind, self._behind = self._behind, None
+        if behind is None:
+            return
+        try:
+            behind.close()
+        except OSError:
+            if raise_error:
+                raise
 
     def _appear(self) -> None:
         """Move a new file to the partial file's name (a no-op once it is there)."""
@@ -318,6 +331,7 @@ class RecordingWriter:
             raise UserError(f"{self.partial}: {self.n_done} of {n_total} prompts written; "
                             "a recording is published only when complete")
         self._appear()  # a recording of no batch
+        self._stop_syncing(raise_error=True)  # a disk error of a sync in flight fails the recording
         self._f.close()
         self._f = None
         with h5py.File(self.partial, "r+") as f:
@@ -336,6 +350,7 @@ class RecordingWriter:
 
     def close(self) -> None:
         """Leave the partial file as it is (resumable); a new file without a batch goes."""
+        self._stop_syncing(raise_error=False)
         if self._f is not None:
             self._f.close()
             self._f = None

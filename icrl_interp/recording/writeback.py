@@ -1,66 +1,61 @@
-"""Write-behind: the disk writes a recording's batches while the writer thread copies the next ones into the
-page cache, and the final fsync finds little left to write.
+"""Write-behind: the disk syncs a recording's batches in a thread of its own while the writer thread copies the
+next ones into the page cache, so the final fsync finds almost nothing left to write.
 
-The writer used to `fdatasync` every `format.SYNC_BYTES`: each call waits until the disk holds everything
-written so far and commits the file system's journal (the file grew), and the writer copies nothing
-meanwhile, so its time per batch was the copy plus the disk plus a journal commit. On Linux
-`sync_file_range` starts the writeback of the dirty pages without waiting and without touching the
-journal; `WriteBehind` then waits only for the writeback it started one call earlier, so the disk writes
-batch k while the writer copies batch k + 1, and at most two steps of the file are dirty at a time. Where
-`sync_file_range` is missing (macOS, Windows) it `fdatasync`s, as before.
+Each `WriteBehind` call (the writer makes one per `format.SYNC_BYTES` of batches) waits for the sync the
+previous call started, then starts an `fdatasync` of everything written so far in a sync thread and returns. At
+most one sync is in flight, so at most two steps of the file are unsynced at any time, and the writer waits for
+the disk only when the disk is slower than the copies.
 
-Neither is a durability guarantee (sync_file_range writes no metadata and flushes no disk cache; the
-periodic fdatasync never ordered the data before /progress either): a recording is on the disk when
-`RecordingWriter.finish` has fsynced it, before the rename that publishes it.
+Why a thread and not the kernel's asynchronous writeback: the previous version started the writeback with
+Linux's `sync_file_range` and waited only for the previous step's; on the project's virtual disks those waits
+returned at once (0.05 s over a 739 MiB recording) and the final fsync still took 0.7-0.9 s, the disk's own
+flush of every byte, after the last forward pass (docs/benchmarks.md, "Recorder"). An `fdatasync` in the writer
+itself flushes during the run but stops the copies meanwhile (the writer's time was copy + disk); in a thread of
+its own the flush overlaps both the copies and the forward passes.
+
+Neither step is a durability guarantee for the batches before /progress (an fdatasync orders nothing against
+later writes): a recording is on the disk when `RecordingWriter.finish` has fsynced it, before the rename that
+publishes it. `close()` waits for the sync in flight and must come before the file is closed: a sync thread
+must never flush a descriptor that was closed (and maybe reused).
 No torch here.
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 
-WAIT_BEFORE, WRITE, WAIT_AFTER = 1, 2, 4
-"""sync_file_range's flags (linux/fs.h)."""
-
-
-def _sync_file_range():
-    """libc's sync_file_range(fd, offset, nbytes, flags), or None where there is none."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range  # ctypes releases the GIL during the call
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-SYNC_FILE_RANGE = _sync_file_range()
+FDATASYNC = getattr(os, "fdatasync", os.fsync)
+"""fdatasync (the data and the size, not the other metadata); fsync where the platform has none (macOS)."""
 
 
 class WriteBehind:
-    """Call after each step of writes to file descriptor `fd`: waits for the writeback the previous call
-    started, then starts the writeback of everything dirty now (`fdatasync` where the platform lacks
-    sync_file_range). Raises OSError when the disk reports an error."""
+    """Call after each step of writes to file descriptor `fd`: waits for the sync the previous call started,
+    then starts the sync of everything written so far (`FDATASYNC`) in a thread and returns. A failed sync's
+    OSError is raised by the next call or by `close`, never dropped."""
 
     def __init__(self, fd: int):
         self.fd = fd
-        self.started = 0
-        """The file's size at the previous call: bytes [0, started) are being written back."""
+        self._pending: Future | None = None
+        """The sync in flight."""
+        self._pool: ThreadPoolExecutor | None = None
 
     def __call__(self) -> None:
-        if SYNC_FILE_RANGE is None:
-            os.fdatasync(self.fd)
-            return
-        size = os.fstat(self.fd).st_size
-        if self.started:  # wait for the previous step (pages rewritten since then are written too)
-            self._call(0, self.started, WAIT_BEFORE | WRITE | WAIT_AFTER)
-        self._call(0, 0, WRITE)  # nbytes 0: to the end of the file; returns once the writes are queued
-        self.started = size
+        self.wait()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="icrl-interp-sync")
+        self._pending = self._pool.submit(FDATASYNC, self.fd)
 
-    def _call(self, offset: int, nbytes: int, flags: int) -> None:
-        if SYNC_FILE_RANGE(self.fd, offset, nbytes, flags) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"sync_file_range: {os.strerror(err)}")
+    def wait(self) -> None:
+        """Wait for the sync in flight (if any); raise its OSError."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Wait for the sync in flight and stop the thread; raise the sync's OSError. Idempotent."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
