@@ -71,11 +71,17 @@ SCHEMA = "icrl_interp.analysis/1"
 
 CHUNK_MIB = {"live": 16.0}
 """The chunk budget where `--chunk-mib` is not given, by input kind: 16 MiB in a live analysis (its peak
-memory then grows <= 1.2x from 1,000 to 100,000 prompts, docs/benchmarks.md; a chunk read from the forward
-pass costs nothing to cut smaller), DEFAULT_CHUNK_MIB otherwise (fewer, larger reads of a file). The TD
+memory then grows <= 1.2x from 1,000 to 100,000 prompts, docs/benchmarks.md), rounded up to a whole forward batch
+where one fits LIVE_BATCH_MIB; DEFAULT_CHUNK_MIB otherwise (fewer, larger reads of a file). The TD
 probes choose the same penalties for any chunk size (`td_probe.tied_choice`), so a live analysis and the
 analysis of its recording agree within float64 rounding."""
 DEFAULT_CHUNK_MIB = 128.0
+LIVE_BATCH_MIB = 64.0
+"""A live analysis without `--chunk-mib` reads at least one whole forward batch per chunk where a batch's rows (as
+float64, x2 as in `CHUNK_MIB`) take at most this: a chunk smaller than a batch cuts what one forward pass computed
+into pieces that each pay the analyzers' per-chunk costs, while the live recording holds the batch whole anyway
+(softmax-td theta*, 2048 prompts, batch 256: 120-prompt chunks 0.50 s, whole batches 0.44 s; docs/benchmarks.md,
+"Live analysis"). The peak memory stays flat in the number of prompts: a batch does not grow with them."""
 
 
 @dataclass
@@ -219,6 +225,9 @@ def _stream(ctx: Context, streams: dict) -> None:
     row_bytes = sum(int(np.prod(f[p].shape[1:])) * 8 for p in paths)  # as float64 in memory
     budget = opts.chunk_mib if opts.chunk_mib is not None else CHUNK_MIB.get(ctx.kind, DEFAULT_CHUNK_MIB)
     rows = inputs.chunk_rows(row_bytes * 2, int(budget * 2**20), ctx.facts.N)  # x2: copies, temporaries
+    batch = getattr(rec, "batch_rows", None)  # a live recording's forward batch
+    if opts.chunk_mib is None and batch and rows < batch and batch * row_bytes * 2 <= LIVE_BATCH_MIB * 2**20:
+        rows = min(batch, ctx.facts.N)  # whole forward batches (LIVE_BATCH_MIB)
     for start, stop, data in inputs.iter_chunks(rec, paths, rows, opts.progress):
         data[TASK_KEY] = data["prompts/task_id"] if "prompts/task_id" in data else np.arange(start, stop)
         chunk = Chunk(start, stop, data)

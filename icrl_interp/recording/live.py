@@ -290,9 +290,10 @@ class LiveRecording(Recording):
     """A `Recording` whose rows come from the forward pass (`LiveFile`); read it like a recording file."""
 
     read_ahead = 2
-    """A live chunk (16 MiB) is smaller than a forward batch, so its reads are lumpy: one chunk runs the next
-    batch's forward pass, the following one finds it cached. Reading two ahead lets that forward pass run while the
-    analysis works on the chunk that needed none (docs/benchmarks.md, "Live analysis")."""
+    """Where a live chunk is smaller than a forward batch (a `--chunk-mib` below a batch, or a batch over
+    `analyze.LIVE_BATCH_MIB`), its reads are lumpy: one chunk runs the next batch's forward pass, the following one
+    finds it cached. Reading two ahead lets that forward pass run while the analysis works on the chunk that needed
+    none (docs/benchmarks.md, "Live analysis"); with whole-batch chunks (the default) one ahead measured the same."""
 
     def __init__(self, run, name: str = "<live>", sink=None):  # noqa: D107 - no file to check
         self.path = Path(name)
@@ -302,6 +303,12 @@ class LiveRecording(Recording):
     @property
     def forward_batches(self) -> int:
         return self.f.forward_batches
+
+    @property
+    def batch_rows(self) -> int:
+        """Prompts per forward batch: what one forward pass computes, so the smallest chunk worth reading
+        (`analyze.LIVE_BATCH_MIB`)."""
+        return int(self.f.run.batch_size)
 
     @property
     def checkpoint_config(self):

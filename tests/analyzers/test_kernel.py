@@ -233,3 +233,18 @@ def test_population_kernel_layers_with_equal_score_blocks_share_one_accumulation
         one.update(K.population_kernel(B, phi[6:], mu[6:]))
         assert {k: v for k, v in r.items() if k not in ("layer", "tasks")} == one.result(with_matrix=False)
     assert rows[0]["min"] != rows[1]["min"]
+
+
+def test_self_mass_of_a_float32_pattern_is_accumulated_in_float64():
+    """A float32 pattern's per-prompt self mass is the float64 mean of its (head, pair) weights, not a float32 one:
+    summed over a chunk in float32 it moved with the chunk size (5e-8 of its value between a live analysis and its
+    recording's)."""
+    rng = np.random.default_rng(3)
+    pat = rng.random((64, 8, 50, 50)).astype(np.float32) / 3
+    q = np.arange(50)
+    got = K.self_mass(pat, q, q)
+    exact = pat.astype(np.float64)[:, :, q, q].mean(axis=(1, 2))  # float64 throughout: exact to rounding of 400 terms
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, exact, rtol=64 * np.finfo(np.float64).eps)
+    # the chunk's total, as the kernel stream adds it, is the same for any split of the prompts
+    np.testing.assert_allclose(got[:40].sum() + got[40:].sum(), got.sum(), rtol=16 * np.finfo(np.float64).eps)

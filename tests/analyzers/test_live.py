@@ -127,3 +127,32 @@ def test_record_also_analyze_writes_the_recording_and_its_analysis(tmp_path):
     assert cli.main(["analyze", str(ck), "--live", "--tasks", "40", "--batch-size", "16", "--prompt-seed", "2",
                      "--json", str(tmp_path / "b.json")]) == 0
     assert same(json.loads((tmp_path / "b.json").read_text()), in_live_chunks)
+
+
+@pytest.mark.parametrize("case", ["default", "chunk-mib given", "batch over the cap", "file"])
+def test_a_live_analysis_reads_whole_forward_batches_by_default(tmp_path, monkeypatch, case):
+    """Without --chunk-mib a live chunk smaller than a forward batch is rounded up to the batch when the batch's
+    rows fit `LIVE_BATCH_MIB` (what one forward pass computed is analyzed in one piece); a chunk budget the user
+    gives, a batch over the cap and a recording file keep the budget's rows."""
+    import importlib
+
+    from icrl_interp.analyzers import inputs
+
+    analyze_mod = importlib.import_module("icrl_interp.analyzers.analyze")  # the module (the package exports the function)
+
+    seen, real = [], inputs.iter_chunks
+    monkeypatch.setattr(inputs, "iter_chunks", lambda rec, paths, rows, *a, **k: seen.append(rows) or real(rec, paths, rows, *a, **k))
+    monkeypatch.setitem(CHUNK_MIB, "live", 0.02)  # the budget alone: a few prompts per chunk, fewer than a batch
+    monkeypatch.setattr(analyze_mod, "DEFAULT_CHUNK_MIB", 0.02)  # the same for a file
+    if case == "batch over the cap":
+        monkeypatch.setattr(analyze_mod, "LIVE_BATCH_MIB", 0.02)
+    opts = AnalyzeOptions(chunk_mib=0.02 if case == "chunk-mib given" else None)
+    if case == "file":
+        out = tmp_path / "r.h5"
+        spec, source = recorder.spec_and_source(Net(), "linear-td", task_options=TASK, probe=ROLES, tasks=48)
+        recorder.record(Net(), out, spec, source, batch_size=16, progress=False)
+        analyze(out, opts)
+    else:
+        analyze_model(Net(), "linear-td", task_options=TASK, probe=ROLES, tasks=48, batch_size=16, options=opts)
+    assert seen and 1 <= seen[0] < 48
+    assert (seen[0] == 16) == (case == "default")

@@ -9,6 +9,8 @@ the constant prediction's error, the live chunk default back to the file's (one 
 comparison would not compare chunkings; asserted)."""
 from __future__ import annotations
 
+import importlib
+
 import json
 
 import numpy as np
@@ -95,6 +97,7 @@ def test_record_also_analyze_and_analyze_of_its_file_choose_the_same_penalties(t
     its probes hold the TD errors exactly, so their CV curves are flat; the strict argmin flips here.)"""
     assert CHUNK_MIB["live"] < DEFAULT_CHUNK_MIB  # a live analysis reads smaller chunks than a file's
     monkeypatch.setitem(CHUNK_MIB, "live", 0.1)  # many chunks of this small run, one for the file
+    monkeypatch.setattr(importlib.import_module("icrl_interp.analyzers.analyze"), "LIVE_BATCH_MIB", 0.0)  # not whole batches
     ck, rec = tmp_path / "ck", tmp_path / "r.h5"
     assert cli.main(["construct", "linear-td", "--out", str(ck)]) == 0
     assert cli.main(["record", str(ck), "--tasks", "64", "--batch-size", "16", "--baseline", "none", "--no-progress",
