@@ -27,17 +27,37 @@ from .streams import TASK_KEY, PerTask, mean_or_none
 Array = np.ndarray
 
 
+class StateBins:
+    """The (prompt, state) bin of every labelled position of a chunk and the bins' counts: built once per chunk and
+    set of positions (`for_chunk`), shared by every layer's per-state means and the reference's."""
+
+    def __init__(self, states: Int[Array, "batch pos"], n_states: int):
+        B = states.shape[0]
+        self.ok = states >= 0
+        self.flat = (np.arange(B)[:, None] * n_states + states)[self.ok]
+        self.shape = (B, n_states)
+        self.counts = np.bincount(self.flat, minlength=B * n_states).reshape(self.shape)
+
+    @classmethod
+    def for_chunk(cls, shared: dict, states: Int[Array, "batch pos"], n_states: int, key) -> "StateBins":
+        """The chunk's bins for the positions `key` names (built by the first layer that asks)."""
+        name = ("state_bins", n_states, key)
+        if name not in shared:
+            shared[name] = cls(states, n_states)
+        return shared[name]
+
+    def means(self, v_pos: Float[Array, "batch pos"]) -> Float[Array, "batch s"]:
+        """Per-state means of `v_pos` (NaN where a state holds no position)."""
+        sums = np.bincount(self.flat, weights=v_pos[self.ok], minlength=self.counts.size).reshape(self.shape)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return sums / self.counts
+
+
 def state_values(
     v_pos: Float[Array, "batch pos"], states: Int[Array, "batch pos"], n_states: int
 ) -> Float[Array, "batch s"]:
     """Per-state value estimates: the mean over the positions holding each state (NaN if none)."""
-    B = v_pos.shape[0]
-    ok = states >= 0
-    flat = (np.arange(B)[:, None] * n_states + states)[ok]
-    sums = np.bincount(flat, weights=v_pos[ok], minlength=B * n_states).reshape(B, n_states)
-    counts = np.bincount(flat, minlength=B * n_states).reshape(B, n_states)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return sums / counts
+    return StateBins(states, n_states).means(v_pos)
 
 
 def value_errors(
@@ -220,13 +240,13 @@ class ValueStream:
                 ref = data["reference/values"][:, self.layer + 1][:, self.p]
                 self.gap = max(self.gap, float(np.max(np.abs(v_pos - ref), initial=0.0)))
             if self.has_tasks:
-                states = data["prompts/state"][:, self.p]
                 v_true, mu = data["tasks/values"], data["tasks/stationary"]
-                S = v_true.shape[-1]
-                err, rms = value_errors(state_values(v_pos, states, S), v_true, mu)
+                bins = StateBins.for_chunk(chunk.shared, data["prompts/state"][:, self.p], v_true.shape[-1],
+                                           self.p.tobytes())
+                err, rms = value_errors(bins.means(v_pos), v_true, mu)
                 self._add("err", err, rms)
                 if self.has_ref:
-                    ref_err, rms = value_errors(state_values(ref, states, S), v_true, mu)
+                    ref_err, rms = value_errors(bins.means(ref), v_true, mu)
                     self._add("ref_err", ref_err, rms)
         elif self.mode == "query":
             v = self.layout.readout(z)[:, 0].astype(np.float64)

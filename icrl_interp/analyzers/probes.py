@@ -244,6 +244,23 @@ class ProbeStream:
         return out
 
 
+GROUP_SUMS = ("n", "sy", "syy", "sys", "syys", "sse_input")
+PROBE_SUMS = ("sse", "sse_shuffled", "sse_random_init")
+"""The per-task sums `selectivity` reads: of a probe's column group, of the probe."""
+STAND_IN = {"sse_input": "sy", "sse_random_init": "sse"}
+"""A baseline's residual sums that an owner has not got (no input baseline, no random-init baseline; `unread`) are read
+from this sum of the same width instead, so the bootstrap's product leaves their columns out: `selectivity` masks the
+baselines a probe has not got, so the stand-in's values are never used."""
+
+
+def unread(owner) -> set[str]:
+    """The per-task sums of a column group or probe that `selectivity` does not use for it: the prompt counts (the
+    JSON's per-task table only), and a baseline's residuals where there is no such baseline (zeros)."""
+    if isinstance(owner, ColumnGroup):
+        return {"n_prompts"} | ({"sse_input"} if owner.fit is None else set())
+    return set() if owner.base is not None else {"sse_random_init"}
+
+
 def selectivity(s: dict, has_input, has_random_init) -> np.ndarray:
     """R^2 - max(baselines) from summed residuals and target sums `s` (the keys of `ColumnGroup.sums` and
     `ProbeStream.sums`, arrays of any shape ending in targets: [resamples, probes, targets] in `_intervals`),
@@ -440,15 +457,20 @@ class ProbeSet:
         blocks, where, at = [], {}, 0
         for obj in owners:
             for name, arr in obj.sums.items():
+                if name in unread(obj):  # no columns in the product (a third of them, without random-init baselines)
+                    continue
                 where[(id(obj), name)] = np.arange(at, at + arr.shape[1])
                 at += arr.shape[1]
                 blocks.append(arr)
+        for obj in owners:
+            for name in unread(obj) & STAND_IN.keys():
+                where[(id(obj), name)] = where[(id(obj), STAND_IN[name])]
         M = np.concatenate(blocks, 1)
         probes = list(self.probes.values())
         T = probes[0].T
         idx = {name: np.stack([np.broadcast_to(where[(id(p.group), name)], T) for p in probes])  # "n": one column
-               for name in probes[0].group.sums}
-        idx.update({name: np.stack([where[(id(p), name)] for p in probes]) for name in probes[0].sums})
+               for name in GROUP_SUMS}
+        idx.update({name: np.stack([where[(id(p), name)] for p in probes]) for name in PROBE_SUMS})
         has = (np.array([[p.group.fit is not None] for p in probes]), np.array([[p.base is not None] for p in probes]))
         samples = np.concatenate([selectivity({name: S[:, i] for name, i in idx.items()}, *has)
                                   for S in td_probe.resampled_sums(M, self.opts.seed)])

@@ -84,3 +84,20 @@ def test_implicit_weight_reproduces_the_output_of_any_linear_model(rng):
     np.testing.assert_allclose((w_tf * z[:, -1, lay.slice("phi")]).sum(-1), lay.readout(zz)[:, 0], atol=1e-10)
     with pytest.raises(UserError, match="one context"):
         C.linear_td_query_weights(ctx, Ps[:1], Qs, lay)
+
+
+def test_state_bins_are_built_once_per_chunk_and_positions():
+    """`StateBins.for_chunk` gives every layer of a chunk the same bins for the same positions (built once), and
+    other positions their own; its per-state means are `state_values`'s, bit for bit."""
+    rng = np.random.default_rng(0)
+    states = rng.integers(-1, 4, size=(6, 9))
+    shared: dict = {}
+    first, second = np.arange(0, 9, 2), np.arange(1, 9, 2)  # as many positions, other ones
+    a = C.StateBins.for_chunk(shared, states[:, first], 4, first.tobytes())
+    assert C.StateBins.for_chunk(shared, states[:, first], 4, first.tobytes()) is a
+    b = C.StateBins.for_chunk(shared, states[:, second], 4, second.tobytes())
+    assert b is not a and len(shared) == 2
+    for bins, p in ((a, first), (b, second)):
+        v = rng.standard_normal((6, p.size))
+        np.testing.assert_array_equal(bins.means(v), C.state_values(v, states[:, p], 4))  # exact: the same bincounts
+        np.testing.assert_array_equal(bins.counts, [[(states[i, p] == s).sum() for s in range(4)] for i in range(6)])

@@ -280,3 +280,24 @@ def test_bootstrap_helpers_known_answers(rng):
     y = rng.standard_normal(30)
     assert T.r2_of_sums(np.sum((y - 0.3 * y) ** 2), 30, y.sum(), (y * y).sum()) == pytest.approx(
         1 - np.sum((0.7 * y) ** 2) / np.sum((y - y.mean()) ** 2))
+
+
+@pytest.mark.parametrize("with_baseline", [True, False])
+def test_the_bootstrap_leaves_out_the_sums_selectivity_does_not_read(tmp_path, monkeypatch, with_baseline):
+    """The bootstrap's product has no columns for the prompt counts, nor for a baseline a probe has not got (the
+    random-init residuals without a random-init baseline); the intervals are the same, bit for bit, as with every
+    sum in the product (what stands in for a missing baseline is masked)."""
+    from icrl_interp.analyzers import probes as P
+
+    path = record(tmp_path / "b.h5", with_delta(1), baseline=random_map(2) if with_baseline else None, per_task=3)
+    widths, real = [], T.resampled_sums
+    monkeypatch.setattr(T, "resampled_sums", lambda M, *a, **k: widths.append(M.shape[1]) or real(M, *a, **k))
+    lean = analyze(path)
+    monkeypatch.setattr(P, "unread", lambda owner: set())
+    full = analyze(path)
+    n_probes, targets = LAYERS, len(probes(lean)[0]["targets"])
+    unread = 1 + (0 if with_baseline else n_probes * targets)  # one group's prompt counts; the probes' missing baseline
+    assert widths[1] - widths[0] == unread
+    for a, b in zip(probes(lean), probes(full)):
+        assert a["selectivity_ci"] == b["selectivity_ci"] and a["selectivity"] == b["selectivity"]  # exact
+        assert (a["r2_random_init"] is not None) == with_baseline
