@@ -76,6 +76,8 @@ where one fits LIVE_BATCH_MIB; DEFAULT_CHUNK_MIB otherwise (fewer, larger reads 
 probes choose the same penalties for any chunk size (`td_probe.tied_choice`), so a live analysis and the
 analysis of its recording agree within float64 rounding."""
 DEFAULT_CHUNK_MIB = 128.0
+SHARED_KEY = "_shared"
+"""Where a chunk's prepared results travel from the reader thread to `Chunk.shared`."""
 LIVE_BATCH_MIB = 64.0
 """A live analysis without `--chunk-mib` reads at least one whole forward batch per chunk where a batch's rows (as
 float64, x2 as in `CHUNK_MIB`) take at most this: a chunk smaller than a batch cuts what one forward pass computed
@@ -228,9 +230,17 @@ def _stream(ctx: Context, streams: dict) -> None:
     batch = getattr(rec, "batch_rows", None)  # a live recording's forward batch
     if opts.chunk_mib is None and batch and rows < batch and batch * row_bytes * 2 <= LIVE_BATCH_MIB * 2**20:
         rows = min(batch, ctx.facts.N)  # whole forward batches (LIVE_BATCH_MIB)
-    for start, stop, data in inputs.iter_chunks(rec, paths, rows, opts.progress):
+    preparers = [s.prepare for s in streams.values() if hasattr(s, "prepare")]
+
+    def prepare(data: dict) -> None:  # in the reader thread, ahead of the analysis (`Stream.prepare`)
+        shared = {}
+        for fn in preparers:
+            fn(data, shared)
+        data[SHARED_KEY] = shared
+
+    for start, stop, data in inputs.iter_chunks(rec, paths, rows, opts.progress, prepare if preparers else None):
         data[TASK_KEY] = data["prompts/task_id"] if "prompts/task_id" in data else np.arange(start, stop)
-        chunk = Chunk(start, stop, data)
+        chunk = Chunk(start, stop, data, data.pop(SHARED_KEY, {}))
         for a, s in list(streams.items()):
             try:
                 s.update(chunk)

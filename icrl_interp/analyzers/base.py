@@ -211,6 +211,11 @@ class Stream(Protocol):
     def update(self, chunk: Chunk) -> None:
         """Accumulate one chunk (fixed-size statistics: a recording of any length is one pass)."""
 
+    # optional: prepare(data, shared) -> None. Work on one chunk that needs nothing but the chunk's `data` and the
+    # stream's settings (no state that `update` changes): the driver runs it where the chunk is read, in the reader
+    # thread ahead of the analysis when there is one, and `update` finds what it put in `chunk.shared`. It must not
+    # raise: an error is put in `shared` for `update` to raise (`prepared`).
+
     def finalize(self) -> dict | None:
         """Its keys of the analysis JSON (`Analyzer.place`); None: nothing to add."""
 
@@ -301,6 +306,15 @@ def failure(e: BaseException) -> str:
     return f"failed (internal error, {type(e).__name__}): {e}"
 
 
+def prepared(shared: dict, key, fn, *args):
+    """What a `prepare` put in `shared[key]` (fn(*args) where it put nothing: no reader thread ran it), raising
+    the error it put there instead."""
+    res = shared[key] if key in shared else fn(*args)
+    if isinstance(res, Exception):
+        raise res
+    return res
+
+
 def guard(reasons: dict, key: str, fn, *args, **kw):
     """fn(*args, **kw), or None with 'failed: why' in reasons[key]: one analyzer's failure never drops
     the others."""
@@ -341,6 +355,12 @@ class Layers:
     @property
     def paths(self) -> set[str]:
         return {p for s in self.streams.values() for p in s.paths}
+
+    def prepare(self, data: dict, shared: dict) -> None:
+        """Every layer's `prepare` (`Stream`), where it has one."""
+        for s in list(self.streams.values()):
+            if hasattr(s, "prepare"):
+                s.prepare(data, shared)
 
     def update(self, chunk: Chunk) -> None:
         for layer, s in list(self.streams.items()):

@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -325,8 +325,12 @@ class ReadAhead:
             self.fd = None
 
 
-def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False) -> Iterator[tuple[int, int, dict]]:
+def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False,
+                prepare: Callable[[dict], None] | None = None) -> Iterator[tuple[int, int, dict]]:
     """(start, stop, {path: rows}) for consecutive chunks of prompts (bfloat16 decoded to float32).
+
+    `prepare(data)`, when given, runs on each chunk where it is read, so in the reader thread, ahead of the caller,
+    where there is one: work that needs nothing but the chunk (`Stream.prepare`).
 
     Dataset handles and their dtype attributes are looked up once, not per chunk; while the caller works on
     a chunk, the next one is read in a thread where a core is spare (`threads.ahead`) and the OS fetches the
@@ -352,6 +356,8 @@ def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False) -> Ite
             raw = ds[start:stop]
             data[p] = bf16_to_float32(raw) if bf16 else raw
         ahead.hint(stop, stop + rows)
+        if prepare is not None:
+            prepare(data)
         return start, stop, data
 
     ahead = ReadAhead(rec.path, [ds for ds, _ in handles.values()])

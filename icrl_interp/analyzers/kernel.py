@@ -29,7 +29,7 @@ from jaxtyping import Float, Int
 from ..core.errors import UserError
 from ..tasks.layouts import PromptLayout
 from . import inputs
-from .base import Analyzer, Chunk, Column, Layers, Once
+from .base import Analyzer, Chunk, Column, Layers, Once, prepared
 from .keys import KERNEL_DIAGONALITY, LABEL_FREE_DIAGONAL, LAYER, POPULATION_KERNEL, WEIGHTS, any_layer, get, layers, num
 from .registry import register
 from .streams import TASK_KEY, PerTask, dtype_attr, layer_param, mean_or_none
@@ -387,12 +387,23 @@ class KernelStream:
             shared["kernel_columns"] = ChunkColumns.build(states, self.n_states if self.acc is not None else 0, codes)
         return shared["kernel_columns"]
 
+    def _kernel(self, data: dict, shared: dict) -> dict:
+        return chunk_kernel(data[self.path], self.q, self.columns(data, shared))  # the pattern in its recorded dtype
+
+    def prepare(self, data: dict, shared: dict) -> None:
+        """The chunk's kernel statistics (`chunk_kernel`, most of this stream's time), computed where the chunk is
+        read: in the reader thread, beside the analysis of the chunk before (`Stream.prepare`)."""
+        try:
+            shared[self.path] = self._kernel(data, shared)
+        except Exception as e:  # noqa: BLE001 - raised by update, where the stream's failures are handled
+            shared[self.path] = e
+
     def update(self, chunk: Chunk) -> None:
         if not self.stochastic:
             return
         data = chunk.data
-        pat = data[self.path]  # kept in its recorded dtype; results are accumulated in float64
-        res = chunk_kernel(pat, self.q, self.columns(data, chunk.shared))
+        pat = data[self.path]  # results are accumulated in float64
+        res = prepared(chunk.shared, self.path, self._kernel, data, chunk.shared)
         if np.max(np.abs(res["row_sums"] - 1.0), initial=0.0) > self.tol:
             self.stochastic = False
             return

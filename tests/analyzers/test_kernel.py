@@ -248,3 +248,59 @@ def test_self_mass_of_a_float32_pattern_is_accumulated_in_float64():
     np.testing.assert_allclose(got, exact, rtol=64 * np.finfo(np.float64).eps)
     # the chunk's total, as the kernel stream adds it, is the same for any split of the prompts
     np.testing.assert_allclose(got[:40].sum() + got[40:].sum(), got.sum(), rtol=16 * np.finfo(np.float64).eps)
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_kernel_statistics_are_prepared_where_the_chunk_is_read(tmp_path, monkeypatch, cores):
+    """With a core to spare the kernel statistics of a chunk (`chunk_kernel`) are computed in the reader thread,
+    ahead of the analysis (`KernelStream.prepare`); on one core in the caller. The analysis is the same, bit for bit."""
+    import json
+    import threading
+
+    from icrl_interp.analyzers.analyze import analyze
+    from icrl_interp.core import threads
+
+    from . import analyzer_data as D
+
+    monkeypatch.delenv(threads.ENV, raising=False)
+    path = D.write_recording(tmp_path / "r.h5", "softmax-td", n_prompts=96, batch=32)
+    where, real = [], K.chunk_kernel
+    monkeypatch.setattr(K, "chunk_kernel", lambda *a: where.append(threading.current_thread().name) or real(*a))
+    monkeypatch.setattr(threads, "allowed_cores", lambda: cores)
+    got = analyze(path, chunk_mib=0.1)
+    readers = {w.startswith("icrl-interp-reader") for w in where}
+    assert where and readers == {cores > 1}
+    monkeypatch.setattr(threads, "allowed_cores", lambda: 1)
+    alone = analyze(path, chunk_mib=0.1)
+    assert json.dumps(got, sort_keys=True) == json.dumps(alone, sort_keys=True)  # exact
+    assert got["activations"]["layers"][0]["kernel_diagonality"] is not None
+
+
+def test_an_error_while_preparing_a_layer_drops_that_layer_with_its_reason(tmp_path, monkeypatch):
+    """An error of `chunk_kernel` in the reader thread reaches the layer's update: that layer's kernel is skipped
+    with the reason, the other layers and analyzers go on."""
+    import threading
+
+    from icrl_interp.analyzers.analyze import analyze
+    from icrl_interp.core import threads
+
+    from . import analyzer_data as D
+
+    monkeypatch.delenv(threads.ENV, raising=False)
+    monkeypatch.setattr(threads, "allowed_cores", lambda: 2)
+    path = D.write_recording(tmp_path / "r.h5", "softmax-td", n_prompts=96, batch=32)
+    real, where = K.KernelStream._kernel, []
+
+    def kernel(self, data, shared):
+        where.append(threading.current_thread().name)
+        if self.path == "acts/blocks.1.attn.hook_pattern":
+            raise ValueError("bad pattern")
+        return real(self, data, shared)
+
+    monkeypatch.setattr(K.KernelStream, "_kernel", kernel)
+    r = analyze(path, chunk_mib=0.1)
+    layers = r["activations"]["layers"]
+    assert "bad pattern" in r["skipped"]["kernel_diagonality.layer1"]
+    assert layers[0]["kernel_diagonality"] is not None and layers[1].get("kernel_diagonality") is None
+    assert all(layer["td_probe_r2"] is not None for layer in layers)
+    assert where and all(w.startswith("icrl-interp-reader") for w in where)  # it was raised in the reader thread
