@@ -232,10 +232,12 @@ def _stream(ctx: Context, streams: dict) -> None:
         rows = min(batch, ctx.facts.N)  # whole forward batches (LIVE_BATCH_MIB)
     preparers = [s.prepare for s in streams.values() if hasattr(s, "prepare")]
 
-    def prepare(data: dict) -> None:  # in the reader thread, ahead of the analysis (`Stream.prepare`)
+    def prepare(data: dict, hurry) -> None:  # in the reader thread, ahead of the analysis (`Stream.prepare`)
         shared = {}
         for fn in preparers:
-            fn(data, shared)
+            if hurry():  # the analysis waits for this chunk: its streams compute the rest (`base.prepared`)
+                break
+            fn(data, shared, hurry)
         data[SHARED_KEY] = shared
 
     for start, stop, data in inputs.iter_chunks(rec, paths, rows, opts.progress, prepare if preparers else None):

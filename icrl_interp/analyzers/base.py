@@ -211,10 +211,12 @@ class Stream(Protocol):
     def update(self, chunk: Chunk) -> None:
         """Accumulate one chunk (fixed-size statistics: a recording of any length is one pass)."""
 
-    # optional: prepare(data, shared) -> None. Work on one chunk that needs nothing but the chunk's `data` and the
-    # stream's settings (no state that `update` changes): the driver runs it where the chunk is read, in the reader
-    # thread ahead of the analysis when there is one, and `update` finds what it put in `chunk.shared`. It must not
-    # raise: an error is put in `shared` for `update` to raise (`prepared`).
+    # optional: prepare(data, shared, hurry) -> None. Work on one chunk that needs nothing but the chunk's `data` and
+    # the stream's settings (no state that `update` changes): the driver runs it where the chunk is read, in the reader
+    # thread ahead of the analysis when there is one, and `update` finds what it put in `chunk.shared`; what it did
+    # not put there, `update` computes (`prepared`). `hurry()` turns True once the analysis waits for the chunk: a
+    # prepare in parts (`Layers`) stops there and leaves the rest to `update`. It must not raise: an error is put in
+    # `shared` for `update` to raise.
 
     def finalize(self) -> dict | None:
         """Its keys of the analysis JSON (`Analyzer.place`); None: nothing to add."""
@@ -356,11 +358,14 @@ class Layers:
     def paths(self) -> set[str]:
         return {p for s in self.streams.values() for p in s.paths}
 
-    def prepare(self, data: dict, shared: dict) -> None:
-        """Every layer's `prepare` (`Stream`), where it has one."""
+    def prepare(self, data: dict, shared: dict, hurry=lambda: False) -> None:
+        """Each layer's `prepare` (`Stream`), where it has one, until `hurry()`: the layers left are computed by
+        their `update`."""
         for s in list(self.streams.values()):
+            if hurry():
+                return
             if hasattr(s, "prepare"):
-                s.prepare(data, shared)
+                s.prepare(data, shared, hurry)
 
     def update(self, chunk: Chunk) -> None:
         for layer, s in list(self.streams.items()):

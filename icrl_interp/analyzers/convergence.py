@@ -19,7 +19,7 @@ from ..core.errors import UserError
 from ..families.registry import Hints
 from ..tasks.layouts import PromptLayout
 from . import inputs
-from .base import Analyzer, Chunk, Column, Layers, guard
+from .base import Analyzer, Chunk, Column, Layers, guard, prepared
 from .keys import CONVERGENCE, LAYERS, REFERENCE_VALUE_ERROR, VALUE_ERROR, any_layer, last_layer
 from .registry import register
 from .streams import TASK_KEY, PerTask, mean_or_none
@@ -211,6 +211,7 @@ class ValueStream:
         self.count = {"err": 0, "ref_err": 0, "rel": 0}
         self.gap = 0.0
         self.per_task = PerTask((VALUE_ERROR, REFERENCE_VALUE_ERROR), per_task_max)
+        self.key = (VALUE_ERROR, layer)  # of its `prepare` in a chunk's shared results
         if self.mode in ("query", "parameters") and self.p[-1] != pos - 1:
             raise ValueError("the last (query / parameter) position is not recorded")
 
@@ -230,37 +231,38 @@ class ValueStream:
         return (self.path, "prompts/state", "tasks/values", "tasks/stationary", "reference/values",
                 "reference/output")
 
-    def update(self, chunk: Chunk) -> None:
-        data = chunk.data
+    def measure(self, data: dict, shared: dict) -> dict:
+        """One chunk's errors, before they are summed: {"add": [(key, errors, squares or None)], "gap": the largest
+        |value - reference| or None, "err" / "ref_err": per prompt for the per-task values or None}. Needs only the
+        chunk (`prepare`)."""
         z = data[self.path]
-        err = ref_err = None  # per prompt, for the per-task values
+        add, gap, err, ref_err = [], None, None, None
         if self.mode == "positions":
             v_pos = z[:, :, self.layout.slice(self.hints.value_block).start].astype(np.float64)
             if self.has_ref:
                 ref = data["reference/values"][:, self.layer + 1][:, self.p]
-                self.gap = max(self.gap, float(np.max(np.abs(v_pos - ref), initial=0.0)))
+                gap = float(np.max(np.abs(v_pos - ref), initial=0.0))
             if self.has_tasks:
                 v_true, mu = data["tasks/values"], data["tasks/stationary"]
-                bins = StateBins.for_chunk(chunk.shared, data["prompts/state"][:, self.p], v_true.shape[-1],
-                                           self.p.tobytes())
+                bins = StateBins.for_chunk(shared, data["prompts/state"][:, self.p], v_true.shape[-1], self.p.tobytes())
                 err, rms = value_errors(bins.means(v_pos), v_true, mu)
-                self._add("err", err, rms)
+                add.append(("err", err, rms))
                 if self.has_ref:
                     ref_err, rms = value_errors(bins.means(ref), v_true, mu)
-                    self._add("ref_err", ref_err, rms)
+                    add.append(("ref_err", ref_err, rms))
         elif self.mode == "query":
             v = self.layout.readout(z)[:, 0].astype(np.float64)
             if self.has_ref:
                 ref = data["reference/values"][:, self.layer + 1, 0]
-                self.gap = max(self.gap, float(np.max(np.abs(v - ref), initial=0.0)))
+                gap = float(np.max(np.abs(v - ref), initial=0.0))
             if self.has_tasks:
                 q = data["prompts/state"][:, -1]
                 v_true = np.where(q >= 0, np.take_along_axis(data["tasks/values"], np.maximum(q, 0)[:, None], 1)[:, 0], np.nan)
                 err = np.abs(v - v_true)
-                self._add("err", err, err ** 2)  # value_rms = sqrt(mean err^2), a root mean square
+                add.append(("err", err, err ** 2))  # value_rms = sqrt(mean err^2), a root mean square
                 if self.has_ref:
                     ref_err = np.abs(ref - v_true)
-                    self._add("ref_err", ref_err, ref_err ** 2)
+                    add.append(("ref_err", ref_err, ref_err ** 2))
         else:  # the updated parameters in the last column against the teacher's update
             teacher = data["reference/output"]
             out = self._output_columns(z[:, -1].astype(np.float64))
@@ -268,12 +270,28 @@ class ValueStream:
                 raise UserError(f"reference output has width {teacher.shape[-1]}, the output blocks "
                                 f"{', '.join(self.hints.output_blocks)} {out.shape[-1]}")
             err, rel = teacher_distance(out, teacher)
-            self._add("err", err)
-            self._add("rel", rel)
-            self.gap = max(self.gap, float(np.max(err, initial=0.0)))
-        if err is not None and TASK_KEY in data:
+            add += [("err", err, None), ("rel", rel, None)]
+            gap = float(np.max(err, initial=0.0))
+        return {"add": add, "gap": gap, "err": err, "ref_err": ref_err}
+
+    def prepare(self, data: dict, shared: dict, hurry=None) -> None:
+        """The chunk's errors (`measure`), computed where the chunk is read (`Stream.prepare`)."""
+        try:
+            shared[self.key] = self.measure(data, shared)
+        except Exception as e:  # noqa: BLE001 - raised by update, where the stream's failures are handled
+            shared[self.key] = e
+
+    def update(self, chunk: Chunk) -> None:
+        m = prepared(chunk.shared, self.key, self.measure, chunk.data, chunk.shared)
+        for key, errs, squares in m["add"]:
+            self._add(key, errs, squares)
+        if m["gap"] is not None:
+            self.gap = max(self.gap, m["gap"])
+        err, ref_err = m["err"], m["ref_err"]
+        if err is not None and TASK_KEY in chunk.data:
             nan = np.full(err.shape, np.nan)
-            self.per_task.update(data[TASK_KEY], value_error=err, reference_value_error=nan if ref_err is None else ref_err)
+            self.per_task.update(chunk.data[TASK_KEY], value_error=err,
+                                 reference_value_error=nan if ref_err is None else ref_err)
 
     def result(self) -> dict:
         n, nr = self.count["err"], self.count["ref_err"]

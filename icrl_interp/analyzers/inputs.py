@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable, Iterator
@@ -326,11 +327,14 @@ class ReadAhead:
 
 
 def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False,
-                prepare: Callable[[dict], None] | None = None) -> Iterator[tuple[int, int, dict]]:
+                prepare: Callable[[dict, Callable[[], bool]], None] | None = None) -> Iterator[tuple[int, int, dict]]:
     """(start, stop, {path: rows}) for consecutive chunks of prompts (bfloat16 decoded to float32).
 
-    `prepare(data)`, when given, runs on each chunk where it is read, so in the reader thread, ahead of the caller,
-    where there is one: work that needs nothing but the chunk (`Stream.prepare`).
+    `prepare(data, hurry)`, when given, runs on each chunk where it is read, so in the reader thread, ahead of the
+    caller, where there is one: work that needs nothing but the chunk (`Stream.prepare`). `hurry()` turns True once the
+    caller waits for that chunk: the prepare should then stop and leave the rest to the caller, so that the two threads
+    share the work, whichever side is the slower (a file's reads leave the reader time; a live recording's forward
+    passes do not).
 
     Dataset handles and their dtype attributes are looked up once, not per chunk; while the caller works on
     a chunk, the next one is read in a thread where a core is spare (`threads.ahead`) and the OS fetches the
@@ -357,15 +361,17 @@ def iter_chunks(rec, paths: list[str], rows: int, progress: bool = False,
             data[p] = bf16_to_float32(raw) if bf16 else raw
         ahead.hint(stop, stop + rows)
         if prepare is not None:
-            prepare(data)
+            prepare(data, waiting.is_set)
         return start, stop, data
+
+    waiting = threading.Event()  # set while the caller waits for a chunk (`threads.ahead`)
 
     ahead = ReadAhead(rec.path, [ds for ds, _ in handles.values()])
     bar = tqdm(total=N, unit="prompt", desc=f"analyze {rec.path.name}", disable=not progress, leave=False)
     chunk_bytes = rows * sum(int(np.prod(ds.shape[1:])) * ds.dtype.itemsize for ds, _ in handles.values())
     trim = (heap.release_free_memory if TRIM_SLACK is None  # chunk_bytes as read: bfloat16 counts 2 bytes
             else heap.OnGrowth(int(TRIM_SLACK * chunk_bytes)))
-    chunks = threads.ahead(read, range(0, N, rows), getattr(rec, "read_ahead", 1))  # the next chunks read meanwhile
+    chunks = threads.ahead(read, range(0, N, rows), getattr(rec, "read_ahead", 1), waiting)  # the next ones meanwhile
     try:
         ahead.hint(0, rows)
         for start, stop, data in chunks:

@@ -390,7 +390,7 @@ class KernelStream:
     def _kernel(self, data: dict, shared: dict) -> dict:
         return chunk_kernel(data[self.path], self.q, self.columns(data, shared))  # the pattern in its recorded dtype
 
-    def prepare(self, data: dict, shared: dict) -> None:
+    def prepare(self, data: dict, shared: dict, hurry=None) -> None:
         """The chunk's kernel statistics (`chunk_kernel`, most of this stream's time), computed where the chunk is
         read: in the reader thread, beside the analysis of the chunk before (`Stream.prepare`)."""
         try:

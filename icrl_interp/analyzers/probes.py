@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from ..core import threads
 from ..families.registry import Hints
 from ..tasks.layouts import PromptLayout
 from . import inputs, td_probe, weights
@@ -438,12 +439,15 @@ class ProbeSet:
             g.start_scoring(ids.size)
         for p in self.probes.values():
             p.start_scoring(ids.size)
-        for data, task, Y, Ys in self._held_blocks(rec, rows, test, mates):
-            slot = np.searchsorted(ids, task)
-            for g in self.groups.values():
-                g.score(data, slot, Y, Ys)
-            for p in self.probes.values():
-                p.score(data, slot, Y, Ys)
+        owners = [*self.groups.values(), *self.probes.values()]  # each adds to its own sums only
+        with threads.spread() as run:  # side by side: the reading is done, its core is free
+            if self.held is not None:
+                blocks = [(d, np.searchsorted(ids, task), Y, Ys) for d, task, Y, Ys in self.held]
+                run(lambda owner: [owner.score(*b) for b in blocks], owners)
+            else:
+                for data, task, Y, Ys in self._held_blocks(rec, rows, test, mates):
+                    slot = np.searchsorted(ids, task)
+                    run(lambda owner: owner.score(data, slot, Y, Ys), owners)  # a block's, then the next block's
         if ids.size >= td_probe.MIN_CI_TASKS:
             self._intervals()
 

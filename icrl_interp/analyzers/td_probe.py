@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from jaxtyping import Bool, Float, Int
 
+from ..core import threads
 from ..core.errors import UserError
 
 Array = np.ndarray
@@ -599,15 +600,25 @@ def resampled_sums(M: Float[Array, "tasks c"], seed: int, resamples: int = BOOTS
     """Column sums of M over bootstrap resamples of its rows (tasks drawn with replacement), a block
     of resamples at a time ([b, c] each). The block's weight matrix holds at most ~2^15 entries, so
     memory does not grow with the number of resamples; one matrix product serves every column, so
-    all probes, baselines and targets share the same resamples."""
+    all probes, baselines and targets share the same resamples. SPREAD_BLOCKS blocks are drawn at a time, in
+    order (the same draws as one by one), and their products computed side by side (`threads.spread`): each
+    block's sums are the same, bit for bit, as in one thread."""
     tasks = M.shape[0]
     rng = np.random.default_rng([seed, 0xB007])
     block = max(1, (1 << 15) // max(tasks, 1))
-    for lo in range(0, resamples, block):
-        b = min(block, resamples - lo)
+    sizes = [min(block, resamples - lo) for lo in range(0, resamples, block)]
+
+    def weights(b: int) -> np.ndarray:  # [b, tasks]: how often each resample draws each task
         draw = rng.integers(0, tasks, size=(b, tasks)) + (np.arange(b) * tasks)[:, None]  # flat (resample, task)
-        w = np.bincount(draw.ravel(), minlength=b * tasks).reshape(b, tasks).astype(np.float64)
-        yield w @ M
+        return np.bincount(draw.ravel(), minlength=b * tasks).reshape(b, tasks).astype(np.float64)
+
+    with threads.spread() as run:
+        for at in range(0, len(sizes), SPREAD_BLOCKS):
+            yield from run(lambda w: w @ M, [weights(b) for b in sizes[at : at + SPREAD_BLOCKS]])
+
+
+SPREAD_BLOCKS = 8
+"""Blocks of resamples drawn at once in `resampled_sums` and multiplied side by side (their weights: ~2 MiB)."""
 
 
 def percentile_interval(samples: Float[Array, "r t"], level: float = 0.95) -> Float[Array, "2 t"]:

@@ -105,12 +105,33 @@ def beside(busy: int = 1):
             torch.set_num_threads(before)
 
 
-def ahead(fn, items, depth: int = 1):
+@contextmanager
+def spread():
+    """`run(fn, items)` -> [fn(item) for item in items], on as many threads as the process may use cores
+    (`target(allowed_cores())`) with every BLAS / OpenMP pool at one thread meanwhile, so n threads use n cores and
+    never more; inline where that is one. For independent items whose work is numpy's (its GEMMs and ufunc loops
+    release the GIL) once nothing else of the package's runs beside it: the TD probes' held-out scoring and bootstrap
+    after the reader thread has ended. Each item's numbers are those of the same call in one thread; `run` returns
+    when every item is done (the first error raised), so items of one call may share nothing they write."""
+    n = target(allowed_cores())
+    if n <= 1:
+        yield lambda fn, items: [fn(item) for item in items]
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1), ThreadPoolExecutor(n, thread_name_prefix="icrl-interp-spread") as pool:
+        yield lambda fn, items: list(pool.map(fn, items))
+
+
+def ahead(fn, items, depth: int = 1, waiting=None):
     """`fn(item)` for each item, in order; with a core to spare (`target(allowed_cores())` > 1) the next `depth`
     items are computed in a thread while the caller works on this one (the analyzers' reads: h5py releases the GIL
     while HDF5 reads, so reading chunk k + 1 overlaps the analysis of chunk k, at the cost of `depth` results more
     in memory; a live recording reads two ahead, `Recording.read_ahead`). An error of `fn` is raised at its item;
-    none of `fn` runs after the caller stops, beyond the items already queued."""
+    none of `fn` runs after the caller stops, beyond the items already queued. `waiting` (a threading.Event), when
+    given, is set while the caller waits for an item not done yet, so `fn` can tell that it is holding the caller up."""
     items = list(items)
     if target(allowed_cores()) <= 1 or len(items) < 2:
         yield from (fn(item) for item in items)
@@ -123,10 +144,21 @@ def ahead(fn, items, depth: int = 1):
     try:
         pending = deque(pool.submit(fn, item) for item in items[:depth])
         for nxt in items[depth:]:
-            done = pending.popleft().result()
+            done = _result(pending.popleft(), waiting)
             pending.append(pool.submit(fn, nxt))
             yield done
         while pending:
-            yield pending.popleft().result()
+            yield _result(pending.popleft(), waiting)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # no read outlives the caller's file handles
+
+
+def _result(future, waiting):
+    """future.result(), with `waiting` set meanwhile where it is given and the result not ready."""
+    if waiting is None or future.done():
+        return future.result()
+    waiting.set()
+    try:
+        return future.result()
+    finally:
+        waiting.clear()

@@ -226,10 +226,11 @@ def reason(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def open_checked(path) -> h5py.File:
+def open_checked(path, chunk_cache: bool = True) -> h5py.File:
     """An HDF5 file opened for reading once it passed the integrity checks (docs/integrity.md,
     "Truncated and corrupt recordings"); a UserError names the file if it is truncated, corrupt
     or still marked open by a writer. Read a recording's attributes through this, not h5py.File.
+    `chunk_cache` False: without HDF5's chunk cache (`Recording`: a file with no compressed dataset).
     """
     sb = check_whole(path)
     if sb.flags & WRITE_FLAGS:
@@ -238,7 +239,7 @@ def open_checked(path) -> h5py.File:
                         "killed one); finish it with --resume")
     try:
         # a plain open: HDF5 checks each metadata checksum once (SWMR mode would retry for minutes)
-        f = h5py.File(path, "r")
+        f = h5py.File(path, "r", **({} if chunk_cache else {"rdcc_nbytes": 0}))
     except OSError as e:
         raise UserError(f"{path}: not an HDF5 file (or a corrupt one: {reason(e)})") from None
     try:

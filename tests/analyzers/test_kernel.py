@@ -253,10 +253,14 @@ def test_self_mass_of_a_float32_pattern_is_accumulated_in_float64():
 @pytest.mark.parametrize("cores", [1, 2])
 def test_kernel_statistics_are_prepared_where_the_chunk_is_read(tmp_path, monkeypatch, cores):
     """With a core to spare the kernel statistics of a chunk (`chunk_kernel`) are computed in the reader thread,
-    ahead of the analysis (`KernelStream.prepare`); on one core in the caller. The analysis is the same, bit for bit."""
+    ahead of the analysis (`KernelStream.prepare`), while the analysis is busy with the chunk before (made slow here:
+    the first chunk, which the analysis waits for at once, is handed over unprepared); on one core in the caller.
+    The analysis is the same, bit for bit."""
     import json
     import threading
+    import time
 
+    from icrl_interp.analyzers import probes
     from icrl_interp.analyzers.analyze import analyze
     from icrl_interp.core import threads
 
@@ -266,10 +270,17 @@ def test_kernel_statistics_are_prepared_where_the_chunk_is_read(tmp_path, monkey
     path = D.write_recording(tmp_path / "r.h5", "softmax-td", n_prompts=96, batch=32)
     where, real = [], K.chunk_kernel
     monkeypatch.setattr(K, "chunk_kernel", lambda *a: where.append(threading.current_thread().name) or real(*a))
+    slow = probes.Probes.update
+    monkeypatch.setattr(probes.Probes, "update", lambda self, chunk: time.sleep(0.05) or slow(self, chunk))
     monkeypatch.setattr(threads, "allowed_cores", lambda: cores)
     got = analyze(path, chunk_mib=0.1)
-    readers = {w.startswith("icrl-interp-reader") for w in where}
-    assert where and readers == {cores > 1}
+    readers = [w.startswith("icrl-interp-reader") for w in where]
+    layers = len(got["activations"]["layers"])
+    assert len(where) > 2 * layers
+    if cores > 1:  # all but the first chunk's, at most
+        assert sum(readers) >= len(where) - layers and readers[-1]
+    else:
+        assert not any(readers)
     monkeypatch.setattr(threads, "allowed_cores", lambda: 1)
     alone = analyze(path, chunk_mib=0.1)
     assert json.dumps(got, sort_keys=True) == json.dumps(alone, sort_keys=True)  # exact
@@ -278,9 +289,12 @@ def test_kernel_statistics_are_prepared_where_the_chunk_is_read(tmp_path, monkey
 
 def test_an_error_while_preparing_a_layer_drops_that_layer_with_its_reason(tmp_path, monkeypatch):
     """An error of `chunk_kernel` in the reader thread reaches the layer's update: that layer's kernel is skipped
-    with the reason, the other layers and analyzers go on."""
+    with the reason, the other layers and analyzers go on. (The analysis is made slow so that the reader prepares
+    every chunk after the first; the error comes at the third.)"""
     import threading
+    import time
 
+    from icrl_interp.analyzers import probes
     from icrl_interp.analyzers.analyze import analyze
     from icrl_interp.core import threads
 
@@ -289,18 +303,60 @@ def test_an_error_while_preparing_a_layer_drops_that_layer_with_its_reason(tmp_p
     monkeypatch.delenv(threads.ENV, raising=False)
     monkeypatch.setattr(threads, "allowed_cores", lambda: 2)
     path = D.write_recording(tmp_path / "r.h5", "softmax-td", n_prompts=96, batch=32)
-    real, where = K.KernelStream._kernel, []
+    real, calls, failed = K.KernelStream._kernel, [], []
 
     def kernel(self, data, shared):
-        where.append(threading.current_thread().name)
         if self.path == "acts/blocks.1.attn.hook_pattern":
-            raise ValueError("bad pattern")
+            calls.append(threading.current_thread().name)
+            if len(calls) == 3:
+                failed.append(calls[-1])
+                raise ValueError("bad pattern")
         return real(self, data, shared)
 
     monkeypatch.setattr(K.KernelStream, "_kernel", kernel)
+    slow = probes.Probes.update
+    monkeypatch.setattr(probes.Probes, "update", lambda self, chunk: time.sleep(0.02) or slow(self, chunk))
     r = analyze(path, chunk_mib=0.1)
     layers = r["activations"]["layers"]
     assert "bad pattern" in r["skipped"]["kernel_diagonality.layer1"]
     assert layers[0]["kernel_diagonality"] is not None and layers[1].get("kernel_diagonality") is None
     assert all(layer["td_probe_r2"] is not None for layer in layers)
-    assert where and all(w.startswith("icrl-interp-reader") for w in where)  # it was raised in the reader thread
+    assert failed and failed[0].startswith("icrl-interp-reader")  # it was raised in the reader thread
+    assert len(calls) <= 4  # layer 1 was dropped: not prepared again (but for the one chunk read meanwhile)
+
+
+def test_what_the_reader_has_not_prepared_when_the_analysis_asks_the_analysis_computes(tmp_path, monkeypatch):
+    """The reader thread prepares a chunk while the analysis works on the chunk before; once the analysis waits for
+    it (`hurry`), the reader hands the chunk over and the streams compute the rest themselves (`base.prepared`), so
+    the slower side sheds the work. Layer 0's statistics made slow in the reader: the analysis waits meanwhile, so
+    layer 1's are computed in the caller. The analysis is the same, bit for bit, as on one core. Kills a driver that
+    ignores `hurry` and an `ahead` that never says the caller waits."""
+    import json
+    import threading
+    import time
+
+    from icrl_interp.analyzers.analyze import analyze
+    from icrl_interp.core import threads
+
+    from . import analyzer_data as D
+
+    monkeypatch.delenv(threads.ENV, raising=False)
+    path = D.write_recording(tmp_path / "r.h5", "softmax-td", n_prompts=96, batch=32)
+    real, where = K.KernelStream._kernel, []
+
+    def kernel(self, data, shared):
+        reader = threading.current_thread().name.startswith("icrl-interp-reader")
+        where.append((self.path, reader))
+        if reader and self.path == "acts/blocks.0.attn.hook_pattern":
+            time.sleep(0.25)  # the analysis of the chunk before is done long before: it waits for this one
+        return real(self, data, shared)
+
+    monkeypatch.setattr(K.KernelStream, "_kernel", kernel)
+    monkeypatch.setattr(threads, "allowed_cores", lambda: 2)
+    got = analyze(path, chunk_mib=3.0)
+    layer1 = [reader for p, reader in where if p == "acts/blocks.1.attn.hook_pattern"]
+    assert len(layer1) > 2 and not any(layer1), len(layer1)  # every chunk's layer 1 in the caller
+    assert any(reader for p, reader in where if p == "acts/blocks.0.attn.hook_pattern")
+    monkeypatch.setattr(threads, "allowed_cores", lambda: 1)
+    alone = analyze(path, chunk_mib=3.0)
+    assert json.dumps(got, sort_keys=True) == json.dumps(alone, sort_keys=True)  # exact

@@ -52,6 +52,44 @@ def test_resampled_sums_are_task_draw_counts():
     np.testing.assert_array_equal(big, np.stack([np.bincount(r, minlength=5000)[:3] for r in first]))
 
 
+@pytest.mark.parametrize("cores", [1, 2])
+def test_resampled_sums_side_by_side_are_the_blocks_drawn_one_by_one(monkeypatch, cores):
+    """Blocks of resamples multiplied side by side (`threads.spread`, SPREAD_BLOCKS at a time) are, bit for bit, the
+    blocks drawn in order from one stream and multiplied one by one: over several batches of blocks, the last one
+    short; with 2 cores the products ran in the spread threads."""
+    import threading
+
+    from icrl_interp.core import threads
+
+    monkeypatch.setattr(threads, "allowed_cores", lambda: cores)
+    monkeypatch.delenv(threads.ENV, raising=False)
+    from threadpoolctl import threadpool_limits
+
+    tasks, resamples = 3000, 500  # blocks of 10 resamples: 50 blocks, SPREAD_BLOCKS at a time
+    M = np.random.default_rng(1).standard_normal((tasks, 37))
+    rng, want = np.random.default_rng([4, 0xB007]), []
+    for lo in range(0, resamples, 10):
+        draw = rng.integers(0, tasks, size=(10, tasks)) + (np.arange(10) * tasks)[:, None]
+        with threadpool_limits(1):  # as in the spread threads (OpenBLAS's bits depend on its thread count)
+            want.append(np.bincount(draw.ravel(), minlength=10 * tasks).reshape(10, tasks).astype(np.float64) @ M)
+    assert len(want) > 2 * T.SPREAD_BLOCKS
+    where = []
+
+    class Spy(np.ndarray):  # records the thread each block's product runs in
+        def __matmul__(self, other):
+            where.append(threading.current_thread().name)
+            return np.asarray(self) @ other
+
+    real = np.bincount
+    monkeypatch.setattr(T.np, "bincount", lambda *a, **k: real(*a, **k).view(Spy))
+    with threadpool_limits(1):  # one core: inline, in the pools the analysis gives it (`threads.limited`)
+        got = list(T.resampled_sums(M, seed=4, resamples=resamples))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), w)
+    assert len(where) == len(want) and all(n.startswith("icrl-interp-spread") == (cores > 1) for n in where)
+
+
 def test_task_fold_gates_and_the_held_out_share():
     ids = np.arange(20000)
     for bad in (0.0, 1.0):

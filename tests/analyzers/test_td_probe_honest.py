@@ -197,6 +197,34 @@ def test_held_out_rows_kept_from_pass_one_score_exactly_as_a_second_read(tmp_pat
         assert a["per_task"]["sse_random_init"] is not None and a["per_task"]["sse_input"] is not None
 
 
+@pytest.mark.parametrize("budget", [None, 0])
+def test_held_out_scoring_side_by_side_equals_one_core(tmp_path, monkeypatch, budget):
+    """With 2 cores the held-out prompts are scored in the spread threads, probe by probe (`threads.spread`; from pass
+    1's kept rows, or, budget 0, from a second read); the per-task sums and intervals are those of one core, bit for
+    bit."""
+    import threading
+
+    from icrl_interp.analyzers import probes as P
+    from icrl_interp.core import threads
+
+    monkeypatch.delenv(threads.ENV, raising=False)
+    if budget is not None:
+        monkeypatch.setattr(P, "FILE_HELD_OUT_CACHE_BYTES", budget)
+    path = record(tmp_path / "s.h5", with_delta(1), baseline=random_map(2), per_task=3)
+    where, score = [], P.ProbeStream.score
+    monkeypatch.setattr(P.ProbeStream, "score",
+                        lambda self, *a: where.append(threading.current_thread().name) or score(self, *a))
+    runs = {}
+    for cores in (2, 1):
+        monkeypatch.setattr(threads, "allowed_cores", lambda cores=cores: cores)
+        where.clear()
+        runs[cores] = analyze(path, chunk_mib=0.05)
+        assert where and all(n.startswith("icrl-interp-spread") == (cores > 1) for n in where)
+    for a, b in zip(probes(runs[2]), probes(runs[1])):
+        assert a["per_task"] == b["per_task"] and a["selectivity_ci"] == b["selectivity_ci"]  # exact
+        assert a["per_task"]["sse_random_init"] is not None and a["selectivity_ci"][0] is not None
+
+
 def test_pattern_probes_score_from_their_query_row_alone(tmp_path, monkeypatch):
     """Scoring a pattern probe reads the last query row only (`ProbeStream.held_select`): the features of the
     selected part are those of the whole rows, and the sums from pass 1's kept rows equal those of a second read

@@ -214,7 +214,82 @@ def test_a_live_analysis_reads_two_chunks_ahead(monkeypatch):
     monkeypatch.setattr(threads, "allowed_cores", lambda: 2)
     monkeypatch.delenv(threads.ENV, raising=False)
     depths, real = [], threads.ahead
-    monkeypatch.setattr(threads, "ahead", lambda fn, items, depth=1: depths.append(depth) or real(fn, items, depth))
+    monkeypatch.setattr(threads, "ahead", lambda fn, items, depth=1, waiting=None: depths.append(depth) or
+                        real(fn, items, depth, waiting))
     analyze_mod.analyze_model(analyze_mod_model(), "linear-td", task_options={"d": 2, "n": 4}, tasks=24, batch_size=4,
                               baseline="none")
     assert depths and set(depths) == {2}
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_spread_runs_items_side_by_side_with_one_blas_thread_each(monkeypatch, cores):
+    """With 2 cores two items run at once (each waits for the other at a barrier: run one by one, the first would time
+    out), every BLAS pool at one thread meanwhile and restored after; on one core in the caller, pools untouched.
+    Results in the items' order."""
+    import threading
+
+    monkeypatch.setattr(threads, "allowed_cores", lambda: cores)
+    monkeypatch.delenv(threads.ENV, raising=False)
+    barrier = threading.Barrier(2, timeout=10)
+    seen = []
+    # OpenBLAS's count is the process's; an OpenMP pool's is per thread (a new thread starts with the default)
+    blas = lambda: max(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")  # noqa: E731
+
+    def fn(i):
+        if cores > 1 and i < 2:
+            barrier.wait()  # both first items in flight together
+        seen.append((threading.current_thread().name, blas()))
+        return i * 10
+
+    with threadpool_limits(2):
+        with threads.spread() as run:
+            assert run(fn, range(6)) == [0, 10, 20, 30, 40, 50]
+            assert run(fn, []) == []
+        assert blas() == 2  # restored
+    names = {name for name, _ in seen}
+    if cores > 1:
+        assert all(name.startswith("icrl-interp-spread") for name in names) and len(names) == 2
+        assert {n for _, n in seen} == {1}
+    else:
+        assert names == {threading.current_thread().name} and {n for _, n in seen} == {2}
+    assert not [t for t in threading.enumerate() if t.name.startswith("icrl-interp-spread")]
+
+
+def test_spread_raises_an_items_error_and_leaves_no_thread(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(threads, "allowed_cores", lambda: 2)
+    monkeypatch.delenv(threads.ENV, raising=False)
+
+    def fn(i):
+        if i == 3:
+            raise ValueError("bad item")
+        return i
+
+    with pytest.raises(ValueError, match="bad item"):
+        with threads.spread() as run:
+            run(fn, range(6))
+    assert not [t for t in threading.enumerate() if t.name.startswith("icrl-interp-spread")]
+
+
+def test_ahead_says_when_the_caller_waits(monkeypatch):
+    """`waiting` is set while the caller waits for an item not done yet (the item sees it: it holds the caller up), not
+    while the caller works on the item before, and clear once the caller has its item."""
+    import threading
+
+    monkeypatch.setattr(threads, "allowed_cores", lambda: 2)
+    monkeypatch.delenv(threads.ENV, raising=False)
+    waiting, seen = threading.Event(), {}
+
+    def fn(i):
+        if i == 1:  # the caller asks for it at once
+            seen[i] = waiting.wait(10)
+        elif i == 2:  # computed while the caller holds item 1
+            seen[i] = waiting.is_set()
+        return i
+
+    gen = threads.ahead(fn, range(3), 1, waiting)
+    assert next(gen) == 0
+    assert next(gen) == 1 and seen[1] and not waiting.is_set()
+    time.sleep(0.2)  # item 2 is done meanwhile
+    assert next(gen) == 2 and seen[2] is False and not waiting.is_set()

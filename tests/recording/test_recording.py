@@ -134,3 +134,22 @@ def test_iter_batches_brings_the_extra_paths_row_for_row(tmp_path):
     assert [sorted(b) for b in got] == [["/prompts/z", "x"]] * 3
     np.testing.assert_array_equal(np.concatenate([b["/prompts/z"] for b in got]), np.arange(12.0))  # copies
     assert [b["x"].shape[0] for b in got] == [5, 5, 2]
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_a_recording_is_read_without_hdf5s_chunk_cache_unless_compressed(tmp_path, compression):
+    """Reading a selection through HDF5's chunk cache copies every chunk that fits through a buffer of its own: a
+    recording with no compressed dataset is opened without it (rdcc_nbytes 0), one with a compressed dataset keeps
+    it (a compressed chunk two reads share is decompressed once). The data read are the same either way."""
+    w = RecordingWriter(tmp_path / "c.h5", {"task_family": "", "batch_size": 64})
+    data = np.random.default_rng(0).standard_normal((2, 64, 50))
+    for i in range(2):
+        w.write_batch({"acts/x": data[i], "acts/y": data[i][:, :3]},
+                      {"acts/x": {"compression": compression}} if i == 0 and compression else None)
+    w.finish()
+    with Recording(tmp_path / "c.h5") as r:
+        assert (r.f["acts/x"].compression is not None) == (compression is not None)
+        nbytes = r.f.id.get_access_plist().get_cache()[2]  # (metadata elements, slots, bytes, w0)
+        assert (nbytes > 0) == (compression is not None)
+        np.testing.assert_array_equal(r.f["acts/x"][10:100], np.concatenate(list(data))[10:100])
+        np.testing.assert_array_equal(r.f["acts/y"][60:70], np.concatenate(list(data))[60:70, :3])
