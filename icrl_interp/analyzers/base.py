@@ -308,6 +308,15 @@ def failure(e: BaseException) -> str:
     return f"failed (internal error, {type(e).__name__}): {e}"
 
 
+def prepare_into(shared: dict, key, fn, *args) -> None:
+    """shared[key] = fn(*args), or the error it raised: a `prepare` never raises; `prepared` raises it in `update`,
+    where the stream's failures are handled."""
+    try:
+        shared[key] = fn(*args)
+    except Exception as e:  # noqa: BLE001
+        shared[key] = e
+
+
 def prepared(shared: dict, key, fn, *args):
     """What a `prepare` put in `shared[key]` (fn(*args) where it put nothing: no reader thread ran it), raising
     the error it put there instead."""

@@ -19,7 +19,7 @@ from ..core.errors import UserError
 from ..families.registry import Hints
 from ..tasks.layouts import PromptLayout
 from . import inputs
-from .base import Analyzer, Chunk, Column, Layers, guard, prepared
+from .base import Analyzer, Chunk, Column, Layers, guard, prepare_into, prepared
 from .keys import CONVERGENCE, LAYERS, REFERENCE_VALUE_ERROR, VALUE_ERROR, any_layer, last_layer
 from .registry import register
 from .streams import TASK_KEY, PerTask, mean_or_none
@@ -276,10 +276,7 @@ class ValueStream:
 
     def prepare(self, data: dict, shared: dict, hurry=None) -> None:
         """The chunk's errors (`measure`), computed where the chunk is read (`Stream.prepare`)."""
-        try:
-            shared[self.key] = self.measure(data, shared)
-        except Exception as e:  # noqa: BLE001 - raised by update, where the stream's failures are handled
-            shared[self.key] = e
+        prepare_into(shared, self.key, self.measure, data, shared)
 
     def update(self, chunk: Chunk) -> None:
         m = prepared(chunk.shared, self.key, self.measure, chunk.data, chunk.shared)

@@ -29,7 +29,7 @@ from jaxtyping import Float, Int
 from ..core.errors import UserError
 from ..tasks.layouts import PromptLayout
 from . import inputs
-from .base import Analyzer, Chunk, Column, Layers, Once, prepared
+from .base import Analyzer, Chunk, Column, Layers, Once, prepare_into, prepared
 from .keys import KERNEL_DIAGONALITY, LABEL_FREE_DIAGONAL, LAYER, POPULATION_KERNEL, WEIGHTS, any_layer, get, layers, num
 from .registry import register
 from .streams import TASK_KEY, PerTask, dtype_attr, layer_param, mean_or_none
@@ -393,10 +393,7 @@ class KernelStream:
     def prepare(self, data: dict, shared: dict, hurry=None) -> None:
         """The chunk's kernel statistics (`chunk_kernel`, most of this stream's time), computed where the chunk is
         read: in the reader thread, beside the analysis of the chunk before (`Stream.prepare`)."""
-        try:
-            shared[self.path] = self._kernel(data, shared)
-        except Exception as e:  # noqa: BLE001 - raised by update, where the stream's failures are handled
-            shared[self.path] = e
+        prepare_into(shared, self.path, self._kernel, data, shared)
 
     def update(self, chunk: Chunk) -> None:
         if not self.stochastic:

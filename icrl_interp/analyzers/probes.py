@@ -441,13 +441,9 @@ class ProbeSet:
             p.start_scoring(ids.size)
         owners = [*self.groups.values(), *self.probes.values()]  # each adds to its own sums only
         with threads.spread() as run:  # side by side: the reading is done, its core is free
-            if self.held is not None:
-                blocks = [(d, np.searchsorted(ids, task), Y, Ys) for d, task, Y, Ys in self.held]
-                run(lambda owner: [owner.score(*b) for b in blocks], owners)
-            else:
-                for data, task, Y, Ys in self._held_blocks(rec, rows, test, mates):
-                    slot = np.searchsorted(ids, task)
-                    run(lambda owner: owner.score(data, slot, Y, Ys), owners)  # a block's, then the next block's
+            for data, task, Y, Ys in self._held_blocks(rec, rows, test, mates):
+                slot = np.searchsorted(ids, task)
+                run(lambda owner: owner.score(data, slot, Y, Ys), owners)  # a block's, then the next block's
         if ids.size >= td_probe.MIN_CI_TASKS:
             self._intervals()
 
