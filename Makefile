@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the test files spread over the cores (pytest-xdist, at most 4 workers; a file's tests stay on one worker, so
+# its module fixtures are built once); PARALLEL= runs them in this process, one after another
+PARALLEL ?= -n auto --maxprocesses 4 --dist loadfile
 
 .PHONY: demo test bench docs clean
 
@@ -17,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/icrl-interp demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(PARALLEL)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_targets.py

@@ -112,7 +112,10 @@ def test_every_test_dependency_is_used_by_the_tests_only(dist):
                             f"({PACKAGE[next(iter(in_package))]}): declare it as a core dependency")
     addopts = PYPROJECT["tool"]["pytest"]["ini_options"]["addopts"]
     backend = _requirements(PYPROJECT["build-system"]["requires"])
-    tool = dist in backend or any(m in re.split(r"[\s=,.]+", addopts) for m in modules)
+    # a build backend, a plugin switched on in addopts, or one `make test` relies on (pytest-xdist's -n), which the
+    # Makefile names
+    tool = (dist in backend or any(m in re.split(r"[\s=,.]+", addopts) for m in modules)
+            or dist in (REPO / "Makefile").read_text())
     assert modules & set(TESTS) or tool, f"{dist} is in the test extra but no test uses it: drop it"
 
 

@@ -288,6 +288,9 @@ class ReadAhead:
     The byte ranges come from the HDF5 chunk index of every dataset read, so the
     hint is exact; `posix_fadvise(WILLNEED)` returns at once and the kernel reads
     in the background. A no-op where the platform or the layout does not allow it.
+    Linux fetches only the first read-ahead window (`read_ahead_kb`) of each range;
+    handing the ranges over in pieces that size fetched all of them, but measured
+    slower (docs/analyzers.md, "Reading large recordings"), so one call per range.
     """
 
     def __init__(self, path, datasets):

@@ -247,7 +247,8 @@ class ChunkColumns:
     """[batch, pos] feature codes, or None without features (or when they equal the states)."""
     codes_are_states: bool = False
     """Equal features <-> equal states in every prompt: the state columns serve for both."""
-    _targets: dict = field(default_factory=dict)
+    _cache: dict = field(default_factory=dict)
+    """The targets' columns and state counts by positions (`targets`, `target_counts`)."""
 
     @classmethod
     def build(cls, states, n_states: int, codes=None, dtype=np.float32) -> "ChunkColumns":
@@ -269,9 +270,17 @@ class ChunkColumns:
     def targets(self, q_pos: np.ndarray) -> np.ndarray:
         """[batch, q, S + 1 + C] indicator columns of the targets at positions q_pos (cached)."""
         key = q_pos.tobytes()
-        if key not in self._targets:
-            self._targets[key] = self.cols[:, q_pos]
-        return self._targets[key]
+        if key not in self._cache:
+            self._cache[key] = self.cols[:, q_pos]
+        return self._cache[key]
+
+    def target_counts(self, q_pos: np.ndarray) -> np.ndarray:
+        """[batch, S] float64: how many of the targets at positions q_pos hold each state (cached: every layer of
+        the chunk asks)."""
+        key = ("counts", q_pos.tobytes())
+        if key not in self._cache:
+            self._cache[key] = self.targets(q_pos)[..., : self.n_states].sum(axis=1, dtype=np.float64)
+        return self._cache[key]
 
 
 def chunk_kernel(pattern: Float[Array, "batch heads q k"], q_pos: Int[Array, " q"], cc: ChunkColumns) -> dict:
@@ -290,7 +299,7 @@ def chunk_kernel(pattern: Float[Array, "batch heads q k"], q_pos: Int[Array, " q
     G = (np.swapaxes(tgt, 1, 2)[:, None] @ agg).astype(np.float64)  # [b, h, S + 1 + C, S + 1 + C]
     out = {"row_sums": agg[..., S]}
     if S:
-        counts = tgt[..., :S].sum(axis=1, dtype=np.float64)
+        counts = cc.target_counts(q_pos)
         as_source = G[:, :, S, :S] > 0  # some target puts weight on a source of state s
         rows = np.where((counts[:, None, :] > 0) & as_source, counts[:, None, :], np.nan)
         out["M"] = G[:, :, :S, :S] / rows[..., None]

@@ -22,6 +22,11 @@ from icrl_interp.core.errors import UserError
 from analyzers import resid_norm
 from helpers import float_tol
 
+# importing the module registered it (as a plugin's import does): undone at once, so that the tests of other files
+# run with the built-in analyzers whatever runs before them (pytest imports every test file before the first test,
+# and pytest-xdist runs files in any order); `plugin` registers it for one test at a time
+registry.unregister(resid_norm.NAME)
+
 REPO = Path(__file__).resolve().parents[2]
 CKPT = REPO / "data" / "checkpoints" / "linear-td"
 RUN = ["--tasks", "16", "--batch-size", "8", "--prompt-seed", "0"]
