@@ -67,6 +67,13 @@ def check_section(analysis: dict, expected: list[float]) -> None:
     assert list(analysis["sections"]) == registry.names()  # after the built-in ones, in order
 
 
+def test_importing_this_file_leaves_only_the_built_in_analyzers_registered():
+    """First in the file, so before any `plugin` fixture has run: what pytest's import of this file registered was
+    undone at once (left registered, every analysis of another file run before this one had the plugin's section;
+    the cluster tests compare such an analysis with their workers', which have not)."""
+    assert NAME not in registry.names()
+
+
 def test_a_plugin_is_in_analyze_live_and_report(plugin, rec, tmp_path, capsys):
     expected = expected_norms(rec)
     assert len(expected) == 3 and min(expected) > 0
